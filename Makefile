@@ -42,13 +42,17 @@ buf-check: setup
 	$(BIN)/buf lint
 	$(BIN)/buf format -d --exit-code
 
-# Against the last landed main; skipped when there is no landed main yet.
+# Contracts must not break what landed: against origin/main where it differs from HEAD (a
+# developer checkout), else against the previous commit (CI's clone of the submitted main).
 breaking: setup
-	@if git rev-parse --verify -q origin/main >/dev/null; then \
-		$(BIN)/buf breaking --against '.git#ref=origin/main'; \
-	elif git rev-parse --verify -q HEAD~0 >/dev/null && git cat-file -e HEAD:buf.yaml 2>/dev/null; then \
-		$(BIN)/buf breaking --against '.git#ref=HEAD'; \
-	else echo "no landed main yet: buf breaking skipped"; fi
+	@if git rev-parse -q --verify origin/main >/dev/null && \
+	    [ "$$(git rev-parse origin/main)" != "$$(git rev-parse HEAD)" ]; then \
+		base=$$(git merge-base HEAD origin/main); \
+	elif git rev-parse -q --verify HEAD~1 >/dev/null; then base=HEAD~1; \
+	else echo "no earlier commit: buf breaking skipped"; exit 0; fi; \
+	if git cat-file -e "$$base:buf.yaml" 2>/dev/null; then \
+		echo "buf breaking against $$base"; $(BIN)/buf breaking --against ".git#ref=$$base"; \
+	else echo "no contracts at $$base: buf breaking skipped"; fi
 
 lint: setup
 	$(BIN)/ruff check .

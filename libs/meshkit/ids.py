@@ -12,6 +12,7 @@ MAX_DOC_ID_CHARS = 256
 MAX_COLLECTION_CHARS = 63
 MAX_CHUNK_ID_CHARS = 64
 
+# Checked with fullmatch: "$" alone also matches before a trailing newline ("docs\n").
 _COLLECTION_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _DOC_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._:=@+-]+$")
 _CHUNK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -20,7 +21,7 @@ _CHUNK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 def validate_collection(name: str) -> str:
     if not name:
         raise invalid_argument("collection is required")
-    if len(name) > MAX_COLLECTION_CHARS or not _COLLECTION_RE.match(name):
+    if len(name) > MAX_COLLECTION_CHARS or not _COLLECTION_RE.fullmatch(name):
         raise invalid_argument(
             f"collection {name[:80]!r} is invalid: 1-{MAX_COLLECTION_CHARS} chars of [a-z0-9_-], "
             "starting with a letter or digit"
@@ -38,7 +39,7 @@ def doc_id_problem(doc_id: str) -> str | None:
     for segment in doc_id.split("/"):
         if segment in ("", ".", ".."):
             return f"doc_id {doc_id[:80]!r} has an empty, '.' or '..' path segment"
-        if not _DOC_SEGMENT_RE.match(segment):
+        if not _DOC_SEGMENT_RE.fullmatch(segment):
             return f"doc_id {doc_id[:80]!r} has characters outside [A-Za-z0-9._:=@+-/]"
     return None
 
@@ -51,7 +52,7 @@ def validate_doc_id(doc_id: str) -> str:
 
 
 def validate_chunk_id(chunk_id: str) -> str:
-    if not _CHUNK_ID_RE.match(chunk_id):
+    if not _CHUNK_ID_RE.fullmatch(chunk_id):
         raise invalid_argument(f"chunk_id {chunk_id[:80]!r} is not 32 lowercase hex chars")
     return chunk_id
 

@@ -10,7 +10,7 @@ import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from grpc import aio
@@ -57,7 +57,7 @@ class MeshServerInterceptor(aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        method = handler_call_details.method  # type: ignore[attr-defined]
+        method = handler_call_details.method
         if handler is None or method.startswith(_QUIET_METHODS):
             return handler
         short = method.rsplit("/", 1)[-1]
@@ -69,7 +69,8 @@ class MeshServerInterceptor(aio.ServerInterceptor):
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, short),
+                # grpc-stubs types stream handlers as sync iterators; under grpc.aio they are async.
+                self._wrap_stream(cast(Callable[..., AsyncIterator[Any]], handler.unary_stream), short),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -103,7 +104,9 @@ class MeshServerInterceptor(aio.ServerInterceptor):
             grpc.StatusCode.INTERNAL, f"internal error (request id {request_id_var.get()}): {exc!r}"[:500]
         )
 
-    def _wrap_unary(self, behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
+    def _wrap_unary(
+        self, behavior: Callable[..., Awaitable[Any]], method: str
+    ) -> Callable[..., Awaitable[Any]]:
         async def wrapped(request: Any, context: aio.ServicerContext) -> Any:
             tokens = _begin(context)
             started = time.perf_counter()

@@ -19,7 +19,9 @@ RPC_LATENCY = Histogram(
 )
 RPC_IN_FLIGHT = Gauge("ragmesh_rpc_in_flight", "RPCs being handled.", ["service"])
 CLIENT_CALLS = Counter(
-    "ragmesh_client_calls_total", "Outgoing calls by downstream, method and code.", ["target", "method", "code"]
+    "ragmesh_client_calls_total",
+    "Outgoing calls by downstream, method and code.",
+    ["target", "method", "code"],
 )
 CLIENT_RETRIES = Counter("ragmesh_client_retries_total", "Retried outgoing calls.", ["target", "method"])
 BREAKER_STATE = Gauge(

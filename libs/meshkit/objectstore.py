@@ -37,7 +37,11 @@ class ObjectStore:
             retries=urllib3.Retry(total=2, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504)),
         )
         self.client = Minio(
-            endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region,
+            endpoint,
+            access_key=access_key,
+            secret_key=secret_key,
+            secure=secure,
+            region=region,
             http_client=http,
         )
 
@@ -63,12 +67,22 @@ class ObjectStore:
         await asyncio.to_thread(_ensure)
 
     async def put(
-        self, bucket: str, key: str, data: bytes, *, content_type: str = "application/octet-stream",
+        self,
+        bucket: str,
+        key: str,
+        data: bytes,
+        *,
+        content_type: str = "application/octet-stream",
         metadata: dict[str, str] | None = None,
     ) -> None:
         await asyncio.to_thread(
-            self.client.put_object, bucket, key, io.BytesIO(data), len(data),
-            content_type=content_type, metadata=metadata,  # type: ignore[arg-type]
+            self.client.put_object,
+            bucket,
+            key,
+            io.BytesIO(data),
+            len(data),
+            content_type=content_type,
+            metadata=metadata,  # type: ignore[arg-type]
         )
 
     async def get(self, bucket: str, key: str) -> bytes:
@@ -106,8 +120,11 @@ class ObjectStore:
 
     async def list_keys(self, bucket: str, prefix: str = "") -> list[str]:
         def _list() -> list[str]:
-            return [o.object_name for o in self.client.list_objects(bucket, prefix=prefix, recursive=True)
-                    if o.object_name]
+            return [
+                o.object_name
+                for o in self.client.list_objects(bucket, prefix=prefix, recursive=True)
+                if o.object_name
+            ]
 
         return await asyncio.to_thread(_list)
 

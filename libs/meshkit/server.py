@@ -17,6 +17,7 @@ from typing import Any
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer as AioHealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from meshkit.interceptors import MeshServerInterceptor
@@ -55,7 +56,7 @@ def server_options(settings: MeshSettings) -> list[tuple[str, Any]]:
 class RunningService:
     """A started server; ``stop`` drains it."""
 
-    def __init__(self, spec: ServiceSpec, server: aio.Server, health_servicer: health.HealthServicer, port: int):
+    def __init__(self, spec: ServiceSpec, server: aio.Server, health_servicer: AioHealthServicer, port: int):
         self.spec = spec
         self.server = server
         self.health = health_servicer
@@ -76,11 +77,9 @@ async def start_service(spec: ServiceSpec, settings: MeshSettings) -> RunningSer
     """Start the server (hooks first, then the port); health turns SERVING once all is ready."""
     for hook in spec.on_start:
         await hook()
-    server = aio.server(
-        interceptors=[MeshServerInterceptor(spec.name)], options=server_options(settings)
-    )
+    server = aio.server(interceptors=[MeshServerInterceptor(spec.name)], options=server_options(settings))
     spec.register(server)
-    health_servicer = health.HealthServicer()
+    health_servicer = AioHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*spec.grpc_services, health.SERVICE_NAME, reflection.SERVICE_NAME]
     reflection.enable_server_reflection(names, server)

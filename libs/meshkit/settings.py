@@ -105,6 +105,12 @@ class EmbedderSettings(MeshSettings):
     embedder_batch_window_ms: float = Field(4.0, description="How long a batch waits for more callers.")
     embedder_max_request_texts: int = Field(256, description="Texts allowed in one Embed call.")
     embedder_max_text_chars: int = Field(32_768, description="Longest text accepted, in characters.")
+    embedder_max_queued_texts: int = Field(
+        8192, description="Texts waiting for the model before Embed answers UNAVAILABLE (backpressure)."
+    )
+    embedder_max_run_tokens: int = Field(
+        0, description="Padded tokens per ONNX run; 0: 1024 on CPU (cache-friendly), unlimited on CUDA."
+    )
     embedder_provider: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="ONNX Runtime provider: auto uses CUDA when present."
     )
@@ -133,12 +139,19 @@ class IndexSettings(MeshSettings):
 class SparseSettings(MeshSettings):
     sparse_data_dir: Path | None = Field(None, description="Default: <state_dir>/sparse.")
     sparse_exact_mode: Literal["ripgrep", "phrase"] = Field(
-        "ripgrep", description="Exact leg: ripgrep over stored chunk text, or tantivy phrase queries."
+        "phrase",
+        description="Exact leg: tantivy phrase queries (default: ~1 ms, scales with the index) or ripgrep "
+        "over stored chunk text (substring matches, ~60 ms per query on 5k chunks; see docs/BENCHMARKS.md).",
     )
     sparse_max_top_k: int = Field(1000, description="Largest top_k accepted.")
     sparse_max_keywords: int = Field(32, description="Most keywords in one exact search.")
     sparse_max_query_chars: int = Field(4096, description="Longest BM25 query.")
     sparse_writer_heap_bytes: int = Field(64 * 1024 * 1024, description="tantivy writer memory.")
+    sparse_title_boost: float = Field(1.5, description="BM25 weight of a title match relative to body.")
+    sparse_exact_timeout_s: float = Field(10.0, description="Longest ripgrep run of one exact search.")
+    sparse_max_batch_chunks: int = Field(10_000, description="Most chunks or ids in one write or fetch.")
+    sparse_max_chunk_chars: int = Field(1_000_000, description="Longest chunk title + text accepted.")
+    sparse_max_doc_filter: int = Field(10_000, description="Most doc_ids in one search filter.")
 
 
 class IngestionSettings(MeshSettings):
@@ -156,13 +169,16 @@ class IngestionSettings(MeshSettings):
     ingest_max_document_bytes: int = Field(20 * 1024 * 1024, description="Largest raw document.")
     ingest_max_documents_per_request: int = Field(512, description="Documents in one IngestDocuments.")
     ingest_max_chunks_per_document: int = Field(20_000, description="Chunks one document may produce.")
-    ingest_chunk_tokens: int = Field(200, description="Target chunk size in model tokens.")
+    ingest_chunk_tokens: int = Field(
+        240, description="Target chunk size in model tokens (heading prefix included)."
+    )
     ingest_chunk_overlap_tokens: int = Field(32, description="Overlap between sub-split chunks.")
     ingest_tokenizer_path: str = Field(
         default_factory=_default_embedder_tokenizer,
         description="The embedding model's tokenizer.json (chunks are sized with it).",
     )
     ingest_model_max_tokens: int = Field(256, description="The embedding model's token limit.")
+    ingest_max_pdf_pages: int = Field(2000, description="Longest PDF accepted, in pages.")
     ingest_worker_id: str = Field("", description="Worker identity (default: host-pid).")
 
     def retry_backoffs(self) -> list[float]:

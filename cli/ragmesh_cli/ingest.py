@@ -1,0 +1,192 @@
+"""``ragmesh ingest``: stream documents to IngestionService in batches (a few requests in
+flight), then optionally wait until the collection has indexed them and report failures."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpc import aio
+from meshkit.client import channel_options
+from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
+from tqdm import tqdm
+
+from ragmesh_cli import documents
+from ragmesh_cli.documents import DetectFormat, WalkStats
+
+REQUEST_TIMEOUT_S = 300.0
+STATUS_CHUNK = 500
+POLL_INTERVAL_S = 1.0
+PENDING_STATES = frozenset({ingestion_pb2.DOCUMENT_STATE_QUEUED, ingestion_pb2.DOCUMENT_STATE_PROCESSING})
+
+
+@dataclass
+class IngestResult:
+    submitted: int = 0
+    queued: int = 0
+    unchanged: int = 0
+    queued_ids: list[str] = field(default_factory=list)
+
+
+def load_detector() -> DetectFormat:
+    """The ingestion service's own format detection, so the CLI and the service agree."""
+    try:
+        from services.ingestion.normalize import detect_format
+    except ImportError as exc:
+        raise RuntimeError(f"format detection is unavailable (services.ingestion.normalize: {exc})") from exc
+    detector: DetectFormat = detect_format
+    return detector
+
+
+def _warn(message: str) -> None:
+    tqdm.write(f"warning: {message}", file=sys.stderr)
+
+
+def _next_batch(it: Iterator[list[ingestion_pb2.Document]]) -> list[ingestion_pb2.Document] | None:
+    return next(it, None)
+
+
+async def submit(
+    stub: ingestion_pb2_grpc.IngestionServiceStub,
+    collection: str,
+    paths: Sequence[Path],
+    detect: DetectFormat,
+    stats: WalkStats,
+    *,
+    max_in_flight: int = 4,
+    max_docs: int = documents.DEFAULT_BATCH_DOCS,
+    max_bytes: int = documents.DEFAULT_BATCH_BYTES,
+) -> IngestResult:
+    """Send every document under ``paths``; raises aio.AioRpcError on the first failed request
+    (requests already in flight are cancelled)."""
+    documents.check_explicit_files(paths, detect)
+    result = IngestResult()
+    docs = documents.iter_documents(paths, detect, stats, _warn)
+    batch_iter = documents.batches(docs, max_docs=max_docs, max_bytes=max_bytes)
+    in_flight: set[asyncio.Task[ingestion_pb2.IngestDocumentsResponse]] = set()
+    with tqdm(desc="submitted", unit="doc", file=sys.stderr) as bar:
+
+        def account(task: asyncio.Task[ingestion_pb2.IngestDocumentsResponse]) -> None:
+            reply = task.result()
+            for item in reply.results:
+                if item.outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED:
+                    result.unchanged += 1
+                else:
+                    result.queued += 1
+                    result.queued_ids.append(item.doc_id)
+            bar.update(len(reply.results))
+
+        try:
+            while True:
+                # File reading and parsing is blocking: keep it off the loop so replies are handled.
+                batch = await asyncio.to_thread(_next_batch, batch_iter)
+                if batch is None:
+                    break
+                request = ingestion_pb2.IngestDocumentsRequest(collection=collection, documents=batch)
+                result.submitted += len(batch)
+                in_flight.add(asyncio.ensure_future(stub.IngestDocuments(request, timeout=REQUEST_TIMEOUT_S)))
+                if len(in_flight) >= max_in_flight:
+                    done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        account(task)
+            while in_flight:
+                done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    account(task)
+        finally:
+            for task in in_flight:
+                task.cancel()
+    return result
+
+
+async def document_statuses(
+    stub: ingestion_pb2_grpc.IngestionServiceStub, collection: str, doc_ids: Sequence[str]
+) -> list[ingestion_pb2.DocumentStatus]:
+    statuses: list[ingestion_pb2.DocumentStatus] = []
+    for start in range(0, len(doc_ids), STATUS_CHUNK):
+        request = ingestion_pb2.GetDocumentStatusRequest(
+            collection=collection, doc_ids=doc_ids[start : start + STATUS_CHUNK]
+        )
+        reply = await stub.GetDocumentStatus(request, timeout=60.0)
+        statuses.extend(reply.documents)
+    return statuses
+
+
+async def wait_indexed(
+    stub: ingestion_pb2_grpc.IngestionServiceStub, collection: str, doc_ids: Sequence[str], timeout_s: float
+) -> list[ingestion_pb2.DocumentStatus] | None:
+    """Poll until nothing is queued or processing in the collection and none of ``doc_ids`` is
+    pending; returns their final statuses, or None on timeout."""
+    deadline = time.monotonic() + timeout_s
+    with tqdm(desc="indexed", unit="doc", file=sys.stderr) as bar:
+        while True:
+            status = await stub.GetCollectionStatus(
+                ingestion_pb2.GetCollectionStatusRequest(collection=collection), timeout=30.0
+            )
+            bar.total = status.indexed + status.queued + status.processing + status.failed
+            bar.n = status.indexed
+            bar.set_postfix(queued=status.queued, processing=status.processing, failed=status.failed)
+            bar.refresh()
+            if status.queued == 0 and status.processing == 0:
+                # Collection counts can lag a submit; the per-document states are authoritative.
+                statuses = await document_statuses(stub, collection, doc_ids)
+                if not any(s.state in PENDING_STATES for s in statuses):
+                    return statuses
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+
+def _print_summary(collection: str, result: IngestResult, stats: WalkStats) -> None:
+    print(
+        f"submitted {result.submitted} documents to collection {collection!r}: "
+        f"{result.queued} queued, {result.unchanged} unchanged"
+    )
+    if stats.skipped_unknown:
+        print(f"skipped {len(stats.skipped_unknown)} files of unsupported format")
+    if stats.skipped_empty:
+        print(f"skipped {stats.skipped_empty} corpus records with no text")
+    if stats.duplicates:
+        print(f"skipped {len(stats.duplicates)} duplicate doc ids")
+
+
+def _print_failures(failed: Sequence[ingestion_pb2.DocumentStatus]) -> None:
+    print(f"{len(failed)} documents failed:")
+    for status in failed:
+        print(f"  {status.doc_id}: {status.reason or 'no reason given'} (attempts {status.attempts})")
+
+
+async def run_ingest(
+    address: str,
+    collection: str,
+    paths: Sequence[Path],
+    *,
+    wait: bool,
+    timeout_s: float,
+    detect: DetectFormat | None = None,
+    max_in_flight: int = 4,
+) -> int:
+    """The whole command; returns the exit code. gRPC errors propagate (main prints them)."""
+    detector = detect or load_detector()
+    stats = WalkStats()
+    async with aio.insecure_channel(address, options=channel_options()) as channel:
+        stub = ingestion_pb2_grpc.IngestionServiceStub(channel)
+        result = await submit(stub, collection, paths, detector, stats, max_in_flight=max_in_flight)
+        _print_summary(collection, result, stats)
+        if not wait or not result.queued_ids:
+            return 0
+        statuses = await wait_indexed(stub, collection, result.queued_ids, timeout_s)
+        if statuses is None:
+            print(f"timed out after {timeout_s:.0f}s waiting for collection {collection!r} to be indexed")
+            return 1
+        failed = [s for s in statuses if s.state == ingestion_pb2.DOCUMENT_STATE_FAILED]
+        indexed = sum(1 for s in statuses if s.state == ingestion_pb2.DOCUMENT_STATE_INDEXED)
+        print(f"indexed {indexed} of {len(result.queued_ids)} queued documents")
+        if failed:
+            _print_failures(failed)
+            return 1
+        return 0

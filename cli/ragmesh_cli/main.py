@@ -1,0 +1,362 @@
+"""``ragmesh``: run the local mesh and operate it (ingest, delete, dead letters, status, config).
+
+Addresses come from ``<state_dir>/stack.json`` (written by ``ragmesh up``); a RAGMESH_*_ADDRESS
+variable overrides them, so the same commands work against a remote deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+from meshkit.client import channel_options
+from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
+
+from ragmesh_cli.documents import InputError
+from ragmesh_cli.stack import ALL_SERVICES, ProcessStatus, Stack, StackError, read_state, stack_is_running
+
+DEFAULT_STATE_DIR = ".ragmesh"
+RPC_TIMEOUT_S = 60.0
+# Env override and stack.json component name for each downstream a command may call.
+ADDRESS_ENV = {"ingestion": "RAGMESH_INGESTION_ADDRESS"}
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def state_dir_of(args: argparse.Namespace) -> Path:
+    given = getattr(args, "state_dir", None) or os.environ.get("RAGMESH_STATE_DIR") or DEFAULT_STATE_DIR
+    return Path(given).absolute()
+
+
+def resolve_address(component: str, state_dir: Path) -> str:
+    """Env override, else the running stack's record, else the documented default."""
+    override = os.environ.get(ADDRESS_ENV[component])
+    if override:
+        return override
+    data = read_state(state_dir)
+    for comp in (data or {}).get("components", []):
+        if comp["name"] == component:
+            return f"127.0.0.1:{comp['ports']['main']}"
+    from meshkit.settings import MeshSettings
+
+    return str(MeshSettings.model_fields[f"{component}_address"].default)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers], *[["" if v is None else str(v) for v in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def process_table(statuses: Sequence[ProcessStatus]) -> str:
+    rows = [(s.name, s.pid or "-", "yes" if s.alive else "no", s.port, s.health) for s in statuses]
+    return format_table(["COMPONENT", "PID", "ALIVE", "PORT", "HEALTH"], rows)
+
+
+async def _call_ingestion(
+    state_dir: Path, call: Callable[[ingestion_pb2_grpc.IngestionServiceStub], Any]
+) -> Any:
+    async with aio.insecure_channel(
+        resolve_address("ingestion", state_dir), options=channel_options()
+    ) as channel:
+        return await call(ingestion_pb2_grpc.IngestionServiceStub(channel))
+
+
+# ---------------------------------------------------------------------------- stack commands
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    state_dir = state_dir_of(args)
+    # A running stack keeps its shape unless told otherwise; a stopped one starts with the defaults.
+    recorded = read_state(state_dir) or {}
+    if not stack_is_running(recorded):
+        recorded = {}
+    services = (
+        args.services.split(",")
+        if args.services is not None
+        else recorded.get("services", list(ALL_SERVICES))
+    )
+    stack = Stack(
+        state_dir,
+        workers=args.workers if args.workers is not None else recorded.get("workers", 1),
+        index_shards=args.index_shards if args.index_shards is not None else recorded.get("index_shards", 1),
+        services=[s.strip() for s in services if s.strip()],
+        health_timeout_s=args.health_timeout,
+    )
+    print(f"starting the stack in {state_dir} ...", file=sys.stderr)
+    print(stack.up())
+    print(process_table(stack.status()))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    state_dir = state_dir_of(args)
+    if read_state(state_dir) is None:
+        print(f"no stack recorded in {state_dir}")
+        return 0
+    stopped = Stack.load(state_dir).down()
+    print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped else ""))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state_dir = state_dir_of(args)
+    statuses = Stack.load(state_dir).status() if read_state(state_dir) is not None else []
+    counts: ingestion_pb2.GetCollectionStatusResponse | None = None
+    if args.collection:
+        request = ingestion_pb2.GetCollectionStatusRequest(collection=args.collection)
+        counts = asyncio.run(
+            _call_ingestion(state_dir, lambda stub: stub.GetCollectionStatus(request, timeout=RPC_TIMEOUT_S))
+        )
+    if args.json:
+        out: dict[str, Any] = {"state_dir": str(state_dir), "processes": [s.to_dict() for s in statuses]}
+        if counts is not None:
+            out["collection"] = counts.collection or args.collection
+            out.update({k: int(getattr(counts, k)) for k in _COUNT_FIELDS})
+        print(json.dumps(out, indent=2))
+        return 0
+    print(process_table(statuses) if statuses else f"no local stack recorded in {state_dir}")
+    if counts is not None:
+        print()
+        print(f"collection {args.collection!r}")
+        print(format_table(["STATE", "COUNT"], [(k, getattr(counts, k)) for k in _COUNT_FIELDS]))
+    return 0
+
+
+_COUNT_FIELDS = ("indexed", "queued", "processing", "failed", "deleting", "chunks")
+
+
+# ---------------------------------------------------------------------------- data commands
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from ragmesh_cli.ingest import run_ingest
+
+    address = resolve_address("ingestion", state_dir_of(args))
+    return asyncio.run(
+        run_ingest(
+            address,
+            args.collection,
+            [Path(p) for p in args.paths],
+            wait=args.wait,
+            timeout_s=args.timeout,
+            max_in_flight=args.in_flight,
+        )
+    )
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    request = ingestion_pb2.DeleteDocumentsRequest(collection=args.collection, doc_ids=args.doc_ids)
+    reply = asyncio.run(
+        _call_ingestion(state_dir_of(args), lambda stub: stub.DeleteDocuments(request, timeout=RPC_TIMEOUT_S))
+    )
+    print(f"queued {reply.queued} deletions in collection {args.collection!r}")
+    return 0
+
+
+def _dead_letter_dict(item: ingestion_pb2.DeadLetter) -> dict[str, Any]:
+    failed_at = item.failed_at.ToDatetime().isoformat() + "Z" if item.HasField("failed_at") else ""
+    return {
+        "sequence": item.sequence,
+        "collection": item.collection,
+        "doc_id": item.doc_id,
+        "attempts": item.attempts,
+        "reason": item.reason,
+        "failed_at": failed_at,
+    }
+
+
+def cmd_dlq_list(args: argparse.Namespace) -> int:
+    request = ingestion_pb2.ListDeadLettersRequest(collection=args.collection or "", limit=args.limit)
+    reply = asyncio.run(
+        _call_ingestion(state_dir_of(args), lambda stub: stub.ListDeadLetters(request, timeout=RPC_TIMEOUT_S))
+    )
+    items = [_dead_letter_dict(d) for d in reply.dead_letters]
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return 0
+    if not items:
+        print("no dead letters")
+        return 0
+    rows = [
+        (
+            d["sequence"],
+            d["collection"],
+            d["doc_id"],
+            d["attempts"],
+            _shorten(d["reason"], 60),
+            d["failed_at"],
+        )
+        for d in items
+    ]
+    print(format_table(["SEQ", "COLLECTION", "DOC ID", "ATTEMPTS", "REASON", "TIME"], rows))
+    return 0
+
+
+def _shorten(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def cmd_dlq_replay(args: argparse.Namespace) -> int:
+    request = ingestion_pb2.ReplayDeadLettersRequest(
+        sequences=args.seq or [], collection=args.collection or ""
+    )
+    reply = asyncio.run(
+        _call_ingestion(
+            state_dir_of(args), lambda stub: stub.ReplayDeadLetters(request, timeout=RPC_TIMEOUT_S)
+        )
+    )
+    print(f"replayed {reply.replayed} dead letters")
+    return 0
+
+
+# ---------------------------------------------------------------------------- config
+
+
+def settings_rows() -> list[dict[str, Any]]:
+    """Every RAGMESH_* setting with its section, default and description, in definition order;
+    fields are listed under the class that introduces them."""
+    from meshkit import settings as settings_module
+
+    classes = [
+        obj
+        for obj in vars(settings_module).values()
+        if isinstance(obj, type) and issubclass(obj, settings_module.MeshSettings)
+    ]
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for cls in classes:
+        for name, info in cls.model_fields.items():
+            if name in seen:
+                continue
+            seen.add(name)
+            env = f"{settings_module.ENV_PREFIX}{name.upper()}"
+            current = os.environ.get(env)
+            if current is not None and info.repr is False:
+                current = "<set>"  # never echo a secret
+            rows.append(
+                {
+                    "section": cls.__name__,
+                    "env": env,
+                    "default": info.get_default(call_default_factory=True, validated_data={}),
+                    "description": info.description or "",
+                    "value": current,
+                }
+            )
+    return rows
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    rows = settings_rows()
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    section = None
+    for row in rows:
+        if row["section"] != section:
+            section = row["section"]
+            print(f"\n# {section}" if section != rows[0]["section"] else f"# {section}")
+        value = row["default"]
+        # As an operator would write it in the env: plain strings and paths, JSON booleans, empty for none.
+        default = "" if value is None else str(value) if isinstance(value, str | Path) else json.dumps(value)
+        current = f"  [set: {row['value']}]" if row["value"] is not None else ""
+        print(f"{row['env']}={default}  # {row['description']}{current}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--state-dir",
+        default=argparse.SUPPRESS,
+        help=f"stack state directory (default: $RAGMESH_STATE_DIR or ./{DEFAULT_STATE_DIR})",
+    )
+    parser = argparse.ArgumentParser(prog="ragmesh", description=__doc__, parents=[common])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", parents=[common], help="start the local mesh (idempotent)")
+    up.add_argument("--workers", type=int, default=None, help="ingestion workers (default 1)")
+    up.add_argument("--index-shards", type=int, default=None, help="index shards (default 1)")
+    up.add_argument("--services", default=None, help=f"comma separated subset of {','.join(ALL_SERVICES)}")
+    up.add_argument(
+        "--health-timeout", type=float, default=60.0, help="seconds each process gets to be healthy"
+    )
+    up.set_defaults(func=cmd_up)
+
+    sub.add_parser("down", parents=[common], help="stop the local mesh").set_defaults(func=cmd_down)
+
+    status = sub.add_parser("status", parents=[common], help="processes and, with --collection, its counts")
+    status.add_argument("--collection", default=None)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    ingest = sub.add_parser(
+        "ingest", parents=[common], help="submit files, folders or BEIR corpus.jsonl(.gz)"
+    )
+    ingest.add_argument("paths", nargs="+", metavar="PATH")
+    ingest.add_argument("--collection", default="default")
+    ingest.add_argument("--wait", action="store_true", help="wait until indexed; fail if any document failed")
+    ingest.add_argument("--timeout", type=float, default=1800.0, help="seconds --wait waits (default 1800)")
+    ingest.add_argument("--in-flight", type=int, default=4, help="concurrent IngestDocuments requests")
+    ingest.set_defaults(func=cmd_ingest)
+
+    delete = sub.add_parser("delete", parents=[common], help="delete documents from a collection")
+    delete.add_argument("doc_ids", nargs="+", metavar="DOC_ID")
+    delete.add_argument("--collection", required=True)
+    delete.set_defaults(func=cmd_delete)
+
+    dlq = sub.add_parser("dlq", parents=[common], help="dead-lettered ingest events")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    dlq_list = dlq_sub.add_parser("list", parents=[common], help="list dead letters")
+    dlq_list.add_argument("--collection", default=None)
+    dlq_list.add_argument("--limit", type=int, default=100)
+    dlq_list.add_argument("--json", action="store_true")
+    dlq_list.set_defaults(func=cmd_dlq_list)
+    replay = dlq_sub.add_parser("replay", parents=[common], help="put dead letters back on the ingest stream")
+    replay.add_argument("--collection", default=None)
+    replay.add_argument("--seq", type=int, nargs="+", default=None, help="dead-letter sequence numbers")
+    replay.set_defaults(func=cmd_dlq_replay)
+
+    config = sub.add_parser("config", parents=[common], help="every RAGMESH_* setting with its default")
+    config.add_argument("--json", action="store_true")
+    config.set_defaults(func=cmd_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except grpc.RpcError as exc:
+        code_name = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        print(f"error: {code_name}: {details}", file=sys.stderr)
+        return 1
+    except (StackError, InputError, RuntimeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # Output piped into e.g. `head`: stop quietly, and keep the interpreter's final flush silent.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

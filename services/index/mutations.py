@@ -1,0 +1,146 @@
+"""The mutations a collection accepts, as plain values, and their WAL encoding.
+
+A WAL record is the *request* (logical operation), not its effect: replaying it against the
+state it was first applied to gives the same result, which keeps records small and lets the
+replay reuse the exact code path of a live write.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+_OP_UPSERT = 1
+_OP_REPLACE = 2
+_OP_DELETE = 3
+_PREFIX = struct.Struct("<BI")  # op, header length
+
+
+@dataclass(frozen=True)
+class ChunkBatch:
+    """Chunks with their vectors; row i of ``vectors`` belongs to ``chunk_ids[i]``."""
+
+    chunk_ids: list[str]
+    doc_ids: list[str]
+    vectors: np.ndarray  # (n, dimension) float32, C-contiguous
+
+    def __post_init__(self) -> None:
+        n = len(self.chunk_ids)
+        if len(self.doc_ids) != n or self.vectors.ndim != 2 or self.vectors.shape[0] != n:
+            raise ValueError("chunk_ids, doc_ids and vectors rows must line up")
+
+    @staticmethod
+    def empty(dimension: int) -> ChunkBatch:
+        return ChunkBatch([], [], np.zeros((0, dimension), dtype=np.float32))
+
+
+@dataclass(frozen=True)
+class Upsert:
+    chunks: ChunkBatch
+
+
+@dataclass(frozen=True)
+class Replacement:
+    doc_id: str
+    upserts: ChunkBatch
+    keep_chunk_ids: list[str]
+
+
+@dataclass(frozen=True)
+class Replace:
+    documents: list[Replacement]
+
+
+@dataclass(frozen=True)
+class Delete:
+    chunk_ids: list[str]
+    doc_ids: list[str]
+
+
+Mutation = Upsert | Replace | Delete
+
+
+class CorruptRecord(ValueError):
+    """A WAL payload that passed its checksum but does not decode: a bug or a format change."""
+
+
+def op_name(mutation: Mutation) -> str:
+    return {Upsert: "upsert", Replace: "replace", Delete: "delete"}[type(mutation)]
+
+
+def encode(mutation: Mutation) -> bytes:
+    """Op byte, JSON header (ids), then every vector as raw little-endian float32."""
+    if isinstance(mutation, Upsert):
+        op = _OP_UPSERT
+        header: dict[str, object] = {
+            "chunk_ids": mutation.chunks.chunk_ids,
+            "doc_ids": mutation.chunks.doc_ids,
+        }
+        blobs = [mutation.chunks.vectors]
+    elif isinstance(mutation, Replace):
+        op = _OP_REPLACE
+        header = {
+            "docs": [
+                {"doc_id": r.doc_id, "chunk_ids": r.upserts.chunk_ids, "keep": r.keep_chunk_ids}
+                for r in mutation.documents
+            ]
+        }
+        blobs = [r.upserts.vectors for r in mutation.documents]
+    else:
+        op = _OP_DELETE
+        header = {"chunk_ids": mutation.chunk_ids, "doc_ids": mutation.doc_ids}
+        blobs = []
+    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    parts = [_PREFIX.pack(op, len(head)), head]
+    parts.extend(np.ascontiguousarray(b, dtype="<f4").tobytes() for b in blobs)
+    return b"".join(parts)
+
+
+def decode(payload: bytes, dimension: int) -> Mutation:
+    try:
+        op, head_len = _PREFIX.unpack_from(payload, 0)
+        start = _PREFIX.size
+        header = json.loads(payload[start : start + head_len])
+        raw = memoryview(payload)[start + head_len :]
+        if op == _OP_UPSERT:
+            vectors = _vectors(raw, len(header["chunk_ids"]), dimension)
+            _expect_consumed(raw, vectors)
+            return Upsert(ChunkBatch(list(header["chunk_ids"]), list(header["doc_ids"]), vectors))
+        if op == _OP_REPLACE:
+            return _decode_replace(header, raw, dimension)
+        if op == _OP_DELETE:
+            return Delete(list(header["chunk_ids"]), list(header["doc_ids"]))
+    except (struct.error, ValueError, KeyError, TypeError) as exc:
+        raise CorruptRecord(f"undecodable WAL payload: {exc}") from exc
+    raise CorruptRecord(f"unknown WAL op {op}")
+
+
+def _decode_replace(header: dict[str, list[dict[str, object]]], raw: memoryview, dimension: int) -> Replace:
+    documents = []
+    offset = 0
+    for doc in header["docs"]:
+        chunk_ids = [str(c) for c in doc["chunk_ids"]]  # type: ignore[attr-defined]
+        vectors = _vectors(raw[offset:], len(chunk_ids), dimension)
+        offset += vectors.nbytes
+        doc_id = str(doc["doc_id"])
+        keep = [str(c) for c in doc["keep"]]  # type: ignore[attr-defined]
+        documents.append(Replacement(doc_id, ChunkBatch(chunk_ids, [doc_id] * len(chunk_ids), vectors), keep))
+    if offset != len(raw):
+        raise ValueError(f"{len(raw) - offset} trailing bytes after the vectors")
+    return Replace(documents)
+
+
+def _vectors(raw: memoryview, rows: int, dimension: int) -> np.ndarray:
+    size = rows * dimension * 4
+    if len(raw) < size:
+        raise ValueError(f"expected {size} vector bytes, found {len(raw)}")
+    flat = np.frombuffer(raw[:size], dtype="<f4").astype(np.float32)
+    return flat.reshape(rows, dimension)
+
+
+def _expect_consumed(raw: memoryview, vectors: np.ndarray) -> None:
+    if vectors.nbytes != len(raw):
+        raise ValueError(f"{len(raw) - vectors.nbytes} trailing bytes after the vectors")

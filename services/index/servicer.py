@@ -1,0 +1,198 @@
+"""gRPC face of the index shard: validates every request, converts it to plain values, and
+hands it to ``IndexShard``. Nothing is written unless the whole request is valid."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from grpc import aio
+from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
+from meshkit.ids import doc_id_problem, shard_of, validate_chunk_id, validate_collection
+from meshkit.server import ServiceSpec
+from meshkit.settings import IndexSettings
+from ragmesh.index.v1 import index_pb2, index_pb2_grpc
+
+from services.index import mutations as mut
+from services.index.remote import SnapshotRemote
+from services.index.shard import IndexShard
+
+SERVICE_NAME = index_pb2.DESCRIPTOR.services_by_name["IndexService"].full_name
+
+
+class IndexServicer(index_pb2_grpc.IndexServiceServicer):
+    def __init__(self, shard: IndexShard, settings: IndexSettings) -> None:
+        self.shard = shard
+        self.settings = settings
+        self.dimension = settings.index_dimension
+
+    # ----- validation helpers -----
+
+    def _limit(self, count: int, what: str) -> None:
+        limit = self.settings.index_max_batch_chunks
+        if count > limit:
+            raise resource_exhausted(f"{count} {what} in one request; the limit is {limit}")
+
+    def _chunk_id(self, chunk_id: str, where: str) -> str:
+        try:
+            validate_chunk_id(chunk_id)
+        except Exception as exc:
+            raise invalid_argument(f"{where}: {exc}") from exc
+        owner = shard_of(chunk_id, self.shard.shard_count)
+        if owner != self.shard.shard:
+            raise failed_precondition(
+                f"{where}: chunk {chunk_id} belongs to shard {owner} of {self.shard.shard_count}, "
+                f"this is shard {self.shard.shard}"
+            )
+        return chunk_id
+
+    def _doc_id(self, doc_id: str, where: str) -> str:
+        problem = doc_id_problem(doc_id)
+        if problem:
+            raise invalid_argument(f"{where}: {problem}")
+        return doc_id
+
+    def _vector(self, values: Sequence[float], where: str) -> np.ndarray:
+        if len(values) != self.dimension:
+            raise invalid_argument(
+                f"{where}: vector has {len(values)} values, the index dimension is {self.dimension}"
+            )
+        vector = np.asarray(values, dtype=np.float32)
+        if not np.isfinite(vector).all():
+            raise invalid_argument(f"{where}: vector has NaN or infinite values")
+        return vector
+
+    def _chunks(
+        self, chunks: Sequence[index_pb2.Chunk], where: str, doc_id: str | None = None
+    ) -> mut.ChunkBatch:
+        chunk_ids: list[str] = []
+        doc_ids: list[str] = []
+        vectors = np.empty((len(chunks), self.dimension), dtype=np.float32)
+        for i, chunk in enumerate(chunks):
+            at = f"{where}[{i}]"
+            chunk_ids.append(self._chunk_id(chunk.chunk_id, f"{at}.chunk_id"))
+            if doc_id is not None:
+                if chunk.doc_id and chunk.doc_id != doc_id:
+                    raise invalid_argument(
+                        f"{at}.doc_id {chunk.doc_id!r} differs from its document {doc_id!r}"
+                    )
+                doc_ids.append(doc_id)
+            else:
+                doc_ids.append(self._doc_id(chunk.doc_id, f"{at}.doc_id"))
+            vectors[i] = self._vector(chunk.vector.values, f"{at}.vector")
+        return mut.ChunkBatch(chunk_ids, doc_ids, vectors)
+
+    @staticmethod
+    def _unique(ids: Iterable[str], what: str) -> None:
+        seen: set[str] = set()
+        for value in ids:
+            if value in seen:
+                raise invalid_argument(f"{what} {value!r} appears more than once in the request")
+            seen.add(value)
+
+    # ----- RPCs -----
+
+    async def Upsert(
+        self, request: index_pb2.UpsertRequest, context: aio.ServicerContext
+    ) -> index_pb2.UpsertResponse:
+        collection = validate_collection(request.collection)
+        if not request.chunks:
+            raise invalid_argument("chunks is empty")
+        self._limit(len(request.chunks), "chunks")
+        batch = self._chunks(request.chunks, "chunks")
+        self._unique(batch.chunk_ids, "chunk_id")
+        upserted = await self.shard.upsert(collection, batch)
+        return index_pb2.UpsertResponse(upserted=upserted)
+
+    async def ReplaceDocuments(
+        self, request: index_pb2.ReplaceDocumentsRequest, context: aio.ServicerContext
+    ) -> index_pb2.ReplaceDocumentsResponse:
+        collection = validate_collection(request.collection)
+        if not request.documents:
+            raise invalid_argument("documents is empty")
+        self._limit(sum(len(d.upserts) + len(d.keep_chunk_ids) for d in request.documents), "chunks")
+        documents = []
+        for i, doc in enumerate(request.documents):
+            where = f"documents[{i}]"
+            doc_id = self._doc_id(doc.doc_id, f"{where}.doc_id")
+            upserts = self._chunks(doc.upserts, f"{where}.upserts", doc_id=doc_id)
+            keep = [
+                self._chunk_id(c, f"{where}.keep_chunk_ids[{j}]") for j, c in enumerate(doc.keep_chunk_ids)
+            ]
+            documents.append(mut.Replacement(doc_id, upserts, keep))
+        self._unique((d.doc_id for d in documents), "doc_id")
+        self._unique((c for d in documents for c in [*d.upserts.chunk_ids, *d.keep_chunk_ids]), "chunk_id")
+        result = await self.shard.replace_documents(collection, documents)
+        return index_pb2.ReplaceDocumentsResponse(
+            upserted=result.upserted, removed=result.removed, missing_chunk_ids=result.missing_chunk_ids
+        )
+
+    async def Delete(
+        self, request: index_pb2.DeleteRequest, context: aio.ServicerContext
+    ) -> index_pb2.DeleteResponse:
+        collection = validate_collection(request.collection)
+        if not request.chunk_ids and not request.doc_ids:
+            raise invalid_argument("name at least one chunk_id or doc_id to delete")
+        self._limit(len(request.chunk_ids) + len(request.doc_ids), "ids")
+        chunk_ids = [self._chunk_id(c, f"chunk_ids[{i}]") for i, c in enumerate(request.chunk_ids)]
+        doc_ids = [self._doc_id(d, f"doc_ids[{i}]") for i, d in enumerate(request.doc_ids)]
+        removed = await self.shard.delete(collection, chunk_ids, doc_ids)
+        return index_pb2.DeleteResponse(removed=removed)
+
+    async def Search(
+        self, request: index_pb2.SearchRequest, context: aio.ServicerContext
+    ) -> index_pb2.SearchResponse:
+        collection = validate_collection(request.collection)
+        max_k = self.settings.index_max_top_k
+        if not 1 <= request.top_k <= max_k:
+            raise invalid_argument(f"top_k must be between 1 and {max_k}, got {request.top_k}")
+        query = self._vector(request.vector.values, "vector")
+        self._limit(len(request.doc_ids), "doc_ids")
+        doc_ids = [self._doc_id(d, f"doc_ids[{i}]") for i, d in enumerate(request.doc_ids)]
+        hits = await self.shard.search(collection, query, request.top_k, doc_ids)
+        return index_pb2.SearchResponse(
+            hits=[index_pb2.SearchHit(chunk_id=h.chunk_id, doc_id=h.doc_id, score=h.score) for h in hits],
+            shard=self.shard.shard,
+        )
+
+    async def GetStats(
+        self, request: index_pb2.GetStatsRequest, context: aio.ServicerContext
+    ) -> index_pb2.GetStatsResponse:
+        collection = validate_collection(request.collection)
+        stats = await self.shard.stats(collection)
+        return index_pb2.GetStatsResponse(
+            collection=collection,
+            chunks=stats.chunks,
+            documents=stats.documents,
+            index_type=stats.index_type,
+            dimension=stats.dimension,
+            shard=self.shard.shard,
+            shard_count=self.shard.shard_count,
+            pending_wal_records=stats.pending_wal_records,
+        )
+
+    async def Snapshot(
+        self, request: index_pb2.SnapshotRequest, context: aio.ServicerContext
+    ) -> index_pb2.SnapshotResponse:
+        collection = validate_collection(request.collection)
+        sequence, uploaded = await self.shard.snapshot(collection)
+        return index_pb2.SnapshotResponse(sequence=sequence, uploaded=uploaded)
+
+
+def build_spec(settings: IndexSettings, shard: IndexShard | None = None) -> ServiceSpec:
+    """The service description ``run_service``/``start_service`` need (tests pass a shard)."""
+    if shard is None:
+        remote = SnapshotRemote.from_settings(settings) if settings.index_upload_snapshots else None
+        shard = IndexShard(settings, remote)
+    servicer = IndexServicer(shard, settings)
+
+    def register(server: aio.Server) -> None:
+        index_pb2_grpc.add_IndexServiceServicer_to_server(servicer, server)
+
+    return ServiceSpec(
+        name="index",
+        grpc_services=[SERVICE_NAME],
+        register=register,
+        on_start=[shard.start],
+        on_stop=[shard.stop],
+    )

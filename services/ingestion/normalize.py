@@ -1,0 +1,320 @@
+"""Turn a raw document (Markdown, plain text, HTML or PDF bytes) into normalised Markdown.
+
+Everything downstream (chunking, chunk offsets, content-hash chunk ids) works on the
+Markdown returned here, so the output must be a pure function of the input bytes.
+Problems with the document itself raise DocumentError: they are permanent (retrying the
+same bytes cannot succeed), so the worker dead-letters them instead of retrying.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+import pdfplumber
+from bs4 import BeautifulSoup, Comment
+from markdownify import ATX, MarkdownConverter
+from pdfminer.pdftypes import resolve1
+from ragmesh.ingestion.v1 import ingestion_pb2
+
+DEFAULT_MAX_PDF_PAGES = 2000
+
+_EXTENSION_FORMATS: dict[str, ingestion_pb2.DocumentFormat] = {
+    ".md": ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
+    ".markdown": ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
+    ".mdx": ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
+    ".txt": ingestion_pb2.DOCUMENT_FORMAT_TEXT,
+    ".text": ingestion_pb2.DOCUMENT_FORMAT_TEXT,
+    ".rst": ingestion_pb2.DOCUMENT_FORMAT_TEXT,
+    ".html": ingestion_pb2.DOCUMENT_FORMAT_HTML,
+    ".htm": ingestion_pb2.DOCUMENT_FORMAT_HTML,
+    ".xhtml": ingestion_pb2.DOCUMENT_FORMAT_HTML,
+    ".pdf": ingestion_pb2.DOCUMENT_FORMAT_PDF,
+}
+
+_TEXT_FORMATS = frozenset(
+    {
+        ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
+        ingestion_pb2.DOCUMENT_FORMAT_TEXT,
+        ingestion_pb2.DOCUMENT_FORMAT_HTML,
+    }
+)
+
+# Elements that are page furniture or executable, never document content.
+_HTML_DROP_TAGS = (
+    "script",
+    "style",
+    "noscript",
+    "template",
+    "nav",
+    "footer",
+    "aside",
+    "iframe",
+    "svg",
+    "canvas",
+    "object",
+    "embed",
+    "button",
+    "head",
+)
+
+# C0 controls other than tab and newline carry no text; the tokenizer drops them anyway.
+_CONTROL_CHARS_RE = re.compile(r"[\x01-\x08\x0b\x0e-\x1f\x7f]")
+_LINE_BREAKS_RE = re.compile(r"\r\n?|[\f\x85\u2028\u2029]")
+_TRAILING_SPACE_RE = re.compile(r"[ \t]+$", re.MULTILINE)
+_BLANK_RUN_RE = re.compile(r"\n{3,}")
+_WHITESPACE_RE = re.compile(r"\s+")
+# Up to three spaces of indent then '#': CommonMark would read it as an ATX heading.
+_HEADING_LIKE_RE = re.compile(r"^( {0,3})#", re.MULTILINE)
+_MARKDOWN_H1_RE = re.compile(r"^ {0,3}# +(.+?)(?: +#+)? *$", re.MULTILINE)
+# A PDF line that is only a page number: "12", "- 12 -", "Page 3", "3 of 10", "3/10".
+_PAGE_NUMBER_RE = re.compile(
+    r"^[\s\-\u2013\u2014]*(?:page\s*)?\d{1,5}(?:\s*(?:/|of)\s*\d{1,5})?[\s\-\u2013\u2014]*$", re.IGNORECASE
+)
+_DIGITS_RE = re.compile(r"\d+")
+# Soft hyphenation at a line end: "exam-\nple" -> "example".
+_HYPHENATED_BREAK_RE = re.compile(r"(\w)-\n([a-z])")
+_MAX_TITLE_CHARS = 512
+_MAX_ERROR_DETAIL_CHARS = 200
+# How many lines at the top and bottom of a PDF page may be running headers/footers.
+_PDF_MARGIN_LINES = 2
+
+
+class DocumentError(Exception):
+    """The document cannot be processed, and never will be: a permanent failure."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class NormalizedDocument:
+    markdown: str
+    title: str
+
+
+def detect_format(filename: str, content: bytes) -> ingestion_pb2.DocumentFormat | None:
+    """The format a file's extension names; a file without a known extension is recognised
+    only if it is a PDF (by its magic bytes). None: unknown, the caller rejects it."""
+    suffix = PurePosixPath(filename.replace("\\", "/")).suffix.lower()
+    if suffix in _EXTENSION_FORMATS:
+        return _EXTENSION_FORMATS[suffix]
+    if content.lstrip()[:5] == b"%PDF-":
+        return ingestion_pb2.DOCUMENT_FORMAT_PDF
+    return None
+
+
+def normalize(
+    content: bytes,
+    fmt: int,
+    title: str,
+    *,
+    max_pdf_pages: int = DEFAULT_MAX_PDF_PAGES,
+) -> NormalizedDocument:
+    """Normalised Markdown and the document's title (the given one, else one found in the
+    document, else ''). Raises DocumentError for documents that cannot be processed."""
+    given_title = _clean_title(title)
+    if fmt == ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN:
+        markdown = _tidy(_decode_text(content))
+        found_title = _markdown_h1(markdown)
+    elif fmt == ingestion_pb2.DOCUMENT_FORMAT_TEXT:
+        markdown = _tidy(_escape_headings(_decode_text(content)))
+        found_title = ""
+    elif fmt == ingestion_pb2.DOCUMENT_FORMAT_HTML:
+        markdown, found_title = _html_to_markdown(_decode_text(content))
+    elif fmt == ingestion_pb2.DOCUMENT_FORMAT_PDF:
+        markdown, found_title = _pdf_to_markdown(content, max_pdf_pages)
+    else:
+        raise DocumentError(f"unsupported document format {fmt}")
+    if not markdown.strip():
+        raise DocumentError("document is empty")
+    return NormalizedDocument(markdown=markdown, title=given_title or found_title)
+
+
+def document_problem(content: bytes, fmt: int) -> str | None:
+    """Why ``normalize`` will certainly reject the document, found cheaply (no parsing), or
+    None. Lets the API refuse bad text up front instead of dead-lettering it later."""
+    if fmt == ingestion_pb2.DOCUMENT_FORMAT_PDF:
+        return None if content.lstrip()[:5] == b"%PDF-" else "unparseable PDF: no %PDF- header"
+    if fmt not in _TEXT_FORMATS:
+        return f"unsupported document format {fmt}"
+    try:
+        text = _decode_text(content)
+    except DocumentError as e:
+        return e.reason
+    return None if text.strip() else "document is empty"
+
+
+def _decode_text(content: bytes) -> str:
+    nul = content.find(b"\x00")
+    if nul >= 0:
+        raise DocumentError(f"document contains a NUL byte at offset {nul}: binary data is not text")
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DocumentError(
+            f"document is not valid UTF-8: byte 0x{content[e.start]:02x} at offset {e.start} ({e.reason})"
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+def _tidy(text: str) -> str:
+    """Unix newlines, no control characters, no trailing spaces, at most one blank line in a
+    row, no leading or trailing blank lines."""
+    text = _LINE_BREAKS_RE.sub("\n", text)
+    text = _CONTROL_CHARS_RE.sub("", text)
+    text = _TRAILING_SPACE_RE.sub("", text)
+    text = _BLANK_RUN_RE.sub("\n\n", text)
+    return text.strip("\n")
+
+
+def _escape_headings(text: str) -> str:
+    # Plain text has no structure: a line such as "#1 priority" must not become a section.
+    return _HEADING_LIKE_RE.sub(r"\1\\#", text)
+
+
+def _clean_title(title: str) -> str:
+    return _WHITESPACE_RE.sub(" ", title).strip()[:_MAX_TITLE_CHARS]
+
+
+def _markdown_h1(markdown: str) -> str:
+    match = _MARKDOWN_H1_RE.search(markdown)
+    return _clean_title(match.group(1)) if match else ""
+
+
+class _Converter(MarkdownConverter):
+    """Markdown for retrieval, not for display: link targets and image sources are token-
+    expensive noise (and data: URIs can be megabytes), so links keep their text and images
+    their alt text."""
+
+    def convert_a(self, el: Any, text: str, parent_tags: set[str]) -> str:
+        return text
+
+    def convert_img(self, el: Any, text: str, parent_tags: set[str]) -> str:
+        return str(el.attrs.get("alt") or "")
+
+
+_CONVERTER = _Converter(
+    heading_style=ATX,
+    bullets="-",
+    # Escaping would turn snake_case identifiers into snake\_case, which hurts keyword search.
+    escape_asterisks=False,
+    escape_underscores=False,
+)
+
+
+def _html_to_markdown(html: str) -> tuple[str, str]:
+    soup = BeautifulSoup(html, "html.parser")
+    found_title = _html_title(soup)
+    for element in soup.find_all(_HTML_DROP_TAGS):
+        element.decompose()
+    for comment in soup.find_all(string=lambda s: isinstance(s, Comment)):
+        comment.extract()
+    try:
+        markdown = _CONVERTER.convert_soup(soup)
+    except RecursionError:
+        raise DocumentError("HTML is nested too deeply to convert") from None
+    return _tidy(markdown), found_title
+
+
+def _html_title(soup: BeautifulSoup) -> str:
+    for tag in ("title", "h1"):
+        element = soup.find(tag)
+        if element is not None:
+            title = _clean_title(element.get_text(" "))
+            if title:
+                return title
+    return ""
+
+
+def _pdf_to_markdown(content: bytes, max_pages: int) -> tuple[str, str]:
+    try:
+        with pdfplumber.open(io.BytesIO(content)) as pdf:
+            # The declared count is checked before pdfplumber materialises every page object.
+            _check_page_count(_declared_page_count(pdf), max_pages)
+            _check_page_count(len(pdf.pages), max_pages)
+            pages = [_pdf_page_text(page) for page in pdf.pages]
+            found_title = _pdf_metadata_title(pdf.metadata)
+    except DocumentError:
+        raise
+    except Exception as e:  # pdfminer raises a zoo of types for malformed files
+        detail = f"{type(e).__name__}: {e}"[:_MAX_ERROR_DETAIL_CHARS]
+        raise DocumentError(f"unparseable PDF: {detail}") from None
+    pages = _drop_page_furniture(pages)
+    text = "\n\n".join("\n".join(lines) for lines in pages if lines)
+    text = _HYPHENATED_BREAK_RE.sub(r"\1\2", text)
+    markdown = _tidy(_escape_headings(text))
+    if not markdown.strip():
+        raise DocumentError("unparseable PDF: no extractable text (a scanned image?)")
+    return markdown, found_title
+
+
+def _declared_page_count(pdf: pdfplumber.PDF) -> int:
+    pages = resolve1(pdf.doc.catalog.get("Pages"))
+    count = resolve1(pages.get("Count")) if isinstance(pages, dict) else None
+    return count if isinstance(count, int) else 0
+
+
+def _check_page_count(page_count: int, max_pages: int) -> None:
+    if page_count > max_pages:
+        raise DocumentError(f"PDF has {page_count} pages, the limit is {max_pages}")
+
+
+def _pdf_page_text(page: pdfplumber.page.Page) -> list[str]:
+    try:
+        return _pdf_page_lines(page.extract_text() or "")
+    finally:
+        page.close()  # frees the page's parsed layout objects: pages are visited once
+
+
+def _pdf_page_lines(text: str) -> list[str]:
+    lines = (line.strip() for line in _LINE_BREAKS_RE.sub("\n", text).split("\n"))
+    return [line for line in lines if line]
+
+
+def _pdf_metadata_title(metadata: dict[str, Any]) -> str:
+    title = metadata.get("Title")
+    if isinstance(title, bytes):
+        title = title.decode("utf-8", errors="replace")
+    return _clean_title(title) if isinstance(title, str) else ""
+
+
+def _furniture_key(line: str) -> str:
+    # Running headers often carry the page number ("Chapter 2 - page 14"): compare without digits.
+    return _DIGITS_RE.sub("#", _WHITESPACE_RE.sub(" ", line).strip().lower())
+
+
+def _drop_page_furniture(pages: list[list[str]]) -> list[list[str]]:
+    """Remove running headers/footers (a line in a page's top or bottom margin lines that
+    recurs on most pages) and bare page numbers in those margins."""
+    margin_counts: Counter[str] = Counter()
+    for lines in pages:
+        margin_counts.update({_furniture_key(line) for line in _margin_lines(lines)})
+    # Recurring on more than half the pages, and on at least three: two pages are too few to
+    # tell a running header from a coincidence.
+    threshold = max(3, len(pages) // 2 + 1)
+    running = {key for key, count in margin_counts.items() if count >= threshold}
+    cleaned = []
+    for lines in pages:
+        margin = set(range(min(_PDF_MARGIN_LINES, len(lines)))) | set(
+            range(max(0, len(lines) - _PDF_MARGIN_LINES), len(lines))
+        )
+        cleaned.append(
+            [
+                line
+                for i, line in enumerate(lines)
+                if i not in margin or not (_PAGE_NUMBER_RE.match(line) or _furniture_key(line) in running)
+            ]
+        )
+    return cleaned
+
+
+def _margin_lines(lines: list[str]) -> list[str]:
+    if len(lines) <= 2 * _PDF_MARGIN_LINES:
+        return lines
+    return lines[:_PDF_MARGIN_LINES] + lines[-_PDF_MARGIN_LINES:]

@@ -1,0 +1,77 @@
+"""An in-memory view of every document's lifecycle, kept current by watching the status
+bucket, so collection counts cost no KV round trips. Writes made by this process are applied
+at once (write-through) so a caller that just submitted sees its documents as queued."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from nats.js.kv import KeyValue
+
+from services.ingestion.state import INDEXED, STATES, DocStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CollectionCounts:
+    by_state: dict[str, int]
+    chunks: int
+
+
+class StatusView:
+    def __init__(self) -> None:
+        self._docs: dict[str, dict[str, tuple[int, DocStatus]]] = defaultdict(dict)
+        self._task: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+
+    def apply(self, key: str, revision: int, status: DocStatus | None) -> None:
+        collection = key.split(".", 1)[0]
+        docs = self._docs[collection]
+        held = docs.get(key)
+        if held is not None and held[0] >= revision:
+            return
+        if status is None:
+            docs.pop(key, None)
+        else:
+            docs[key] = (revision, status)
+
+    def counts(self, collection: str) -> CollectionCounts | None:
+        docs = self._docs.get(collection)
+        if not docs:
+            return None
+        states = Counter(status.state for _rev, status in docs.values())
+        chunks = sum(status.chunks for _rev, status in docs.values() if status.state == INDEXED)
+        return CollectionCounts({state: states.get(state, 0) for state in STATES}, chunks)
+
+    def collections(self) -> list[str]:
+        return sorted(name for name, docs in self._docs.items() if docs)
+
+    async def start(self, bucket: KeyValue) -> None:
+        watcher = await bucket.watchall()
+        self._task = asyncio.create_task(self._follow(watcher))
+        await asyncio.wait_for(self.ready.wait(), timeout=60)
+
+    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+        async for entry in watcher:
+            if entry is None:  # the initial values have all been delivered
+                self.ready.set()
+                continue
+            try:
+                deleted = entry.operation in ("DEL", "PURGE") or not entry.value
+                status = None if deleted else DocStatus.from_bytes(entry.value or b"")
+                self.apply(entry.key, int(entry.revision or 0), status)
+            except Exception:
+                log.exception("bad status entry", extra={"key": entry.key})
+            if not self.ready.is_set() and not entry.delta:
+                self.ready.set()
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,398 @@
+"""One collection of the sparse service: a tantivy index (BM25 over title and body, plus a
+lower-cased unstemmed copy for exact phrases) and the chunk text files that ripgrep scans.
+
+Layout under ``<data_dir>/<collection>/``: ``index/`` holds tantivy's files, ``chunks/<2 hex>/
+<chunk_id>.txt`` the text. tantivy's commit is the point of truth: files are written before it
+and removed after it, so a crash can only leave extra files, which readers drop by checking the
+chunk ids against the committed index.
+
+Everything here is blocking; the servicer calls it from threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tantivy
+from tantivy import Occur, Query
+
+log = logging.getLogger(__name__)
+
+EXACT_TOKENIZER = "ragmesh_exact"
+# Tokens longer than this are dropped by the exact analyzer; long identifiers (hashes, paths)
+# are exactly what the exact leg exists for, so the limit is far above en_stem's 40.
+_EXACT_MAX_TOKEN_CHARS = 255
+_WHITESPACE_RE = re.compile(r"\s+")
+
+
+def _build_schema() -> tantivy.Schema:
+    sb = tantivy.SchemaBuilder()
+    # raw: ids are matched whole, never split on '-' or '.'; basic: no positions needed.
+    sb.add_text_field("chunk_id", stored=True, tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("doc_id", stored=True, tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("title", stored=True, tokenizer_name="en_stem")
+    sb.add_text_field("body", stored=True, tokenizer_name="en_stem")
+    # Not stored (title/body already are): the exact leg's phrase mode searches it.
+    sb.add_text_field("exact", stored=False, tokenizer_name=EXACT_TOKENIZER)
+    sb.add_bytes_field("location", stored=True, indexed=False)
+    return sb.build()
+
+
+SCHEMA = _build_schema()
+
+
+def _bm25_analyzer() -> tantivy.TextAnalyzer:
+    # Same pipeline as tantivy's built-in en_stem, so query terms equal indexed terms.
+    return (
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+        .filter(tantivy.Filter.remove_long(40))
+        .filter(tantivy.Filter.lowercase())
+        .filter(tantivy.Filter.stemmer("english"))
+        .build()
+    )
+
+
+def exact_analyzer() -> tantivy.TextAnalyzer:
+    return (
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+        .filter(tantivy.Filter.remove_long(_EXACT_MAX_TOKEN_CHARS))
+        .filter(tantivy.Filter.lowercase())
+        .build()
+    )
+
+
+_BM25_ANALYZER = _bm25_analyzer()
+_EXACT_ANALYZER = exact_analyzer()
+
+
+def query_terms(query: str) -> list[str]:
+    """The distinct stemmed terms of a free-text query. Building the query from terms (instead
+    of tantivy's query parser) means no user input can be a syntax error."""
+    return list(dict.fromkeys(_BM25_ANALYZER.analyze(query)))
+
+
+def exact_tokens(text: str) -> list[str]:
+    return list(_EXACT_ANALYZER.analyze(text))
+
+
+def one_line(text: str) -> str:
+    """Whitespace runs to one space: keywords and file lines compare the same way, and a phrase
+    broken across lines in the source still matches."""
+    return _WHITESPACE_RE.sub(" ", text).strip()
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    chunk_id: str
+    doc_id: str
+    title: str
+    text: str
+    # Serialised ragmesh.common.v1.ChunkLocation: kept opaque so this layer needs no protos.
+    location: bytes = b""
+
+
+@dataclass(frozen=True)
+class DocumentUpdate:
+    doc_id: str
+    upserts: Sequence[ChunkRecord]
+    keep_chunk_ids: Sequence[str]
+
+
+@dataclass(frozen=True)
+class ReplaceResult:
+    upserted: int
+    removed: int
+    missing_chunk_ids: list[str]
+
+
+@dataclass(frozen=True)
+class Hit:
+    chunk_id: str
+    doc_id: str
+    score: float
+    matched_keywords: tuple[str, ...] = field(default=())
+
+
+class ChunkFiles:
+    """Chunk text as ``<dir>/<2 hex>/<chunk_id>.txt``: line 1 the title, line 2 the body."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, chunk_id: str) -> Path:
+        return self.root / chunk_id[:2] / f"{chunk_id}.txt"
+
+    @staticmethod
+    def render(record: ChunkRecord) -> str:
+        # NUL would make ripgrep treat the file as binary and skip it.
+        return f"{one_line(record.title)}\n{one_line(record.text)}\n".replace("\x00", " ")
+
+    def write(self, records: Iterable[ChunkRecord]) -> None:
+        for record in records:
+            target = self.path(record.chunk_id)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Dot-prefixed: ripgrep skips hidden files, so a half-written tmp is never scanned.
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            tmp.write_text(self.render(record), encoding="utf-8")
+            os.replace(tmp, target)
+
+    def remove(self, chunk_ids: Iterable[str]) -> None:
+        for chunk_id in chunk_ids:
+            with contextlib.suppress(FileNotFoundError):
+                self.path(chunk_id).unlink()
+
+    def chunk_ids(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return [p.stem for p in self.root.glob("*/*.txt")]
+
+
+def _first(doc: tantivy.Document, name: str) -> Any:
+    return doc.get_first(name)
+
+
+def _to_record(doc: tantivy.Document) -> ChunkRecord:
+    location = _first(doc, "location")
+    return ChunkRecord(
+        chunk_id=_first(doc, "chunk_id"),
+        doc_id=_first(doc, "doc_id"),
+        title=_first(doc, "title") or "",
+        text=_first(doc, "body") or "",
+        location=bytes(location) if location is not None else b"",
+    )
+
+
+def _to_document(record: ChunkRecord) -> tantivy.Document:
+    doc = tantivy.Document()
+    doc.add_text("chunk_id", record.chunk_id)
+    doc.add_text("doc_id", record.doc_id)
+    doc.add_text("title", record.title)
+    doc.add_text("body", record.text)
+    # Two values, as the ripgrep file has two lines; the phrase counter treats them apart too.
+    doc.add_text("exact", record.title)
+    doc.add_text("exact", record.text)
+    doc.add_bytes("location", record.location)
+    return doc
+
+
+def _all_matching(searcher: tantivy.Searcher, query: Query) -> list[tuple[float, tantivy.DocAddress]]:
+    # Count first: a top-k collector sized to the whole index would allocate for every doc.
+    # The stubs of tantivy 0.27 omit SearchResult.count, which the runtime has.
+    total = searcher.search(query, limit=1, count=True).count or 0  # type: ignore[attr-defined]
+    if total == 0:
+        return []
+    return list(searcher.search(query, limit=total, count=False).hits)
+
+
+def _with_doc_filter(query: Query, doc_ids: Sequence[str]) -> Query:
+    if not doc_ids:
+        return query
+    # Score 0: the filter selects, it must not change the ranking.
+    doc_filter = Query.const_score_query(Query.term_set_query(SCHEMA, "doc_id", list(doc_ids)), 0.0)
+    return Query.boolean_query([(Occur.Must, query), (Occur.Must, doc_filter)])
+
+
+class Collection:
+    """One collection's index and files. Writes are serialised by a lock (tantivy allows one
+    writer per index); searches run concurrently on searcher snapshots."""
+
+    def __init__(self, root: Path, name: str, heap_bytes: int, title_boost: float) -> None:
+        self.name = name
+        self.dir = root / name
+        self.index_dir = self.dir / "index"
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        self.files = ChunkFiles(self.dir / "chunks")
+        self.files.root.mkdir(exist_ok=True)
+        self._heap_bytes = heap_bytes
+        self._title_boost = title_boost
+        self._index = tantivy.Index(SCHEMA, path=str(self.index_dir), reuse=True)
+        self._index.register_tokenizer(EXACT_TOKENIZER, exact_analyzer())
+        self._writer: tantivy.IndexWriter | None = None
+        self._write_lock = threading.Lock()
+
+    @staticmethod
+    def exists(root: Path, name: str) -> bool:
+        return (root / name / "index" / "meta.json").is_file()
+
+    # --- writes ---
+
+    def replace_documents(self, documents: Sequence[DocumentUpdate]) -> ReplaceResult:
+        """Set each document's chunks to its kept + upserted ones, in one commit."""
+        with self._write_lock:
+            searcher = self._index.searcher()
+            existing = self._chunks_of_documents(searcher, [d.doc_id for d in documents])
+            upserts = [c for d in documents for c in d.upserts]
+            upsert_ids = {c.chunk_id for c in upserts}
+            kept = {cid for d in documents for cid in d.keep_chunk_ids}
+            missing = [
+                cid
+                for d in documents
+                for cid in d.keep_chunk_ids
+                if existing.get(cid) != d.doc_id and cid not in upsert_ids
+            ]
+            removed = [cid for cid in existing if cid not in kept and cid not in upsert_ids]
+            already_live = set(self._live(searcher, upsert_ids))
+            self.files.write(upserts)
+            try:
+                self._commit(deletes=[*removed, *upsert_ids], adds=upserts)
+            except BaseException:
+                self.files.remove(upsert_ids - already_live)
+                raise
+            self.files.remove(removed)
+            return ReplaceResult(len(upserts), len(removed), list(dict.fromkeys(missing)))
+
+    def delete(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> int:
+        with self._write_lock:
+            searcher = self._index.searcher()
+            doomed = set(self._live(searcher, chunk_ids))
+            doomed.update(self._chunks_of_documents(searcher, doc_ids))
+            if not doomed:
+                return 0
+            self._commit(deletes=sorted(doomed), adds=[])
+            self.files.remove(doomed)
+            return len(doomed)
+
+    def _commit(self, deletes: Iterable[str], adds: Sequence[ChunkRecord]) -> None:
+        writer = self._writer_or_open()
+        try:
+            for chunk_id in deletes:
+                writer.delete_documents_by_term("chunk_id", chunk_id)
+            for record in adds:
+                writer.add_document(_to_document(record))
+            writer.commit()
+        except BaseException:
+            self._discard_pending(writer)
+            raise
+        self._index.reload()
+
+    def _discard_pending(self, writer: tantivy.IndexWriter) -> None:
+        # Nothing uncommitted may ride along with the next call's commit.
+        try:
+            writer.rollback()
+        except Exception:
+            log.exception("rollback failed; reopening the writer", extra={"collection": self.name})
+            self._writer = None
+
+    def _writer_or_open(self) -> tantivy.IndexWriter:
+        if self._writer is None:
+            # One indexing thread: writes are per-RPC batches, and each thread costs heap.
+            self._writer = self._index.writer(heap_size=self._heap_bytes, num_threads=1)
+        return self._writer
+
+    def sweep_orphan_files(self) -> int:
+        """Remove chunk files a crash left behind (written, then never committed or deleted)."""
+        with self._write_lock:
+            on_disk = self.files.chunk_ids()
+            live = set(self._live(self._index.searcher(), on_disk))
+            orphans = [cid for cid in on_disk if cid not in live]
+            self.files.remove(orphans)
+            return len(orphans)
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._writer = None
+
+    # --- reads ---
+
+    def search_bm25(self, query: str, top_k: int, doc_ids: Sequence[str]) -> list[Hit]:
+        terms = query_terms(query)
+        if not terms:
+            return []
+        clauses: list[tuple[Occur, Query]] = []
+        for term in terms:
+            title = Query.term_query(SCHEMA, "title", term)
+            clauses.append((Occur.Should, Query.boost_query(title, self._title_boost)))
+            clauses.append((Occur.Should, Query.term_query(SCHEMA, "body", term)))
+        query_ = _with_doc_filter(Query.boolean_query(clauses), doc_ids)
+        searcher = self._index.searcher()
+        result = searcher.search(query_, limit=top_k, count=False)
+        hits = []
+        for score, address in result.hits:
+            doc = searcher.doc(address)
+            hits.append(Hit(_first(doc, "chunk_id"), _first(doc, "doc_id"), float(score)))
+        return hits
+
+    def phrase_candidates(
+        self, keywords: Sequence[str], top_k: int, doc_ids: Sequence[str]
+    ) -> list[ChunkRecord]:
+        """Chunks that may rank in the top ``top_k`` for the exact phrase leg.
+
+        Each keyword is a constant-score clause, so tantivy's score is the number of distinct
+        keywords matched; only chunks tied with or above the k-th need their occurrences counted.
+        """
+        clauses: list[tuple[Occur, Query]] = []
+        for keyword in keywords:
+            tokens = exact_tokens(keyword)
+            if not tokens:
+                continue  # nothing indexable, e.g. "++": cannot match in this mode
+            if len(tokens) == 1:
+                match = Query.term_query(SCHEMA, "exact", tokens[0])
+            else:
+                words: list[str | tuple[int, str]] = list(tokens)
+                match = Query.phrase_query(SCHEMA, "exact", words)
+            clauses.append((Occur.Should, Query.const_score_query(match, 1.0)))
+        if not clauses:
+            return []
+        searcher = self._index.searcher()
+        hits = _all_matching(searcher, _with_doc_filter(Query.boolean_query(clauses), doc_ids))
+        if len(hits) > top_k:
+            hits.sort(key=lambda h: -h[0])
+            threshold = hits[top_k - 1][0]
+            hits = [h for h in hits if h[0] >= threshold]
+        return [_to_record(searcher.doc(address)) for _score, address in hits]
+
+    def live_documents(self, chunk_ids: Iterable[str], doc_ids: Sequence[str]) -> dict[str, str]:
+        """chunk_id -> doc_id for the ids that are committed (and in ``doc_ids`` when given)."""
+        live = self._live(self._index.searcher(), chunk_ids)
+        if not doc_ids:
+            return live
+        allowed = set(doc_ids)
+        return {cid: did for cid, did in live.items() if did in allowed}
+
+    def get_chunks(self, chunk_ids: Sequence[str]) -> list[ChunkRecord]:
+        ids = list(dict.fromkeys(chunk_ids))
+        if not ids:
+            return []
+        searcher = self._index.searcher()
+        query = Query.term_set_query(SCHEMA, "chunk_id", ids)
+        found = {
+            r.chunk_id: r
+            for r in (_to_record(searcher.doc(a)) for _s, a in searcher.search(query, limit=len(ids)).hits)
+        }
+        return [found[cid] for cid in ids if cid in found]
+
+    def stats(self) -> tuple[int, int]:
+        """(chunks, distinct documents) of the committed index."""
+        searcher = self._index.searcher()
+        # filter_query counts live docs only: the term dictionary still holds deleted docs' ids.
+        documents = searcher.terms_with_prefix("doc_id", "", filter_query=Query.all_query())
+        return int(searcher.num_docs), sum(1 for _term, count in documents if count > 0)
+
+    def _live(self, searcher: tantivy.Searcher, chunk_ids: Iterable[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(chunk_ids))
+        if not ids:
+            return {}
+        query = Query.term_set_query(SCHEMA, "chunk_id", ids)
+        result: dict[str, str] = {}
+        for _score, address in searcher.search(query, limit=len(ids), count=False).hits:
+            doc = searcher.doc(address)
+            result[_first(doc, "chunk_id")] = _first(doc, "doc_id")
+        return result
+
+    def _chunks_of_documents(self, searcher: tantivy.Searcher, doc_ids: Sequence[str]) -> dict[str, str]:
+        if not doc_ids:
+            return {}
+        query = Query.term_set_query(SCHEMA, "doc_id", list(doc_ids))
+        result: dict[str, str] = {}
+        for _score, address in _all_matching(searcher, query):
+            doc = searcher.doc(address)
+            result[_first(doc, "chunk_id")] = _first(doc, "doc_id")
+        return result

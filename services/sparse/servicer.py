@@ -1,0 +1,288 @@
+"""gRPC face of the sparse service: validates every request, then runs the blocking tantivy and
+file work in threads (ripgrep in a subprocess) so the event loop keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from grpc import aio
+from meshkit.errors import deadline_exceeded, invalid_argument, not_found, resource_exhausted
+from meshkit.ids import validate_chunk_id, validate_collection, validate_doc_id
+from meshkit.server import ServiceSpec
+from meshkit.settings import SparseSettings
+from ragmesh.common.v1 import common_pb2
+from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
+
+from services.sparse import metrics
+from services.sparse.collection import ChunkRecord, Collection, DocumentUpdate, Hit
+from services.sparse.exact import (
+    Keyword,
+    RipgrepTimeout,
+    count_phrases,
+    find_ripgrep,
+    normalise_keywords,
+    rank,
+    ripgrep_counts,
+)
+from services.sparse.store import SparseStore
+
+MAX_KEYWORD_CHARS = 200
+
+
+def data_dir(settings: SparseSettings) -> Path:
+    return settings.sparse_data_dir or settings.state_dir / "sparse"
+
+
+class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
+    def __init__(self, settings: SparseSettings, store: SparseStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.rg = find_ripgrep()
+        if settings.sparse_exact_mode == "ripgrep" and self.rg is None:
+            raise RuntimeError("sparse_exact_mode is 'ripgrep' but no rg binary was found")
+        # One writer at a time per collection without parking an executor thread per waiter.
+        self._write_locks: dict[str, asyncio.Lock] = {}
+
+    # --- writes ---
+
+    async def ReplaceDocuments(
+        self, request: sparse_pb2.ReplaceDocumentsRequest, context: aio.ServicerContext
+    ) -> sparse_pb2.ReplaceDocumentsResponse:
+        name = validate_collection(request.collection)
+        documents = self._document_updates(request.documents)
+        async with self._write_lock(name):
+            started = time.perf_counter()
+            collection = await asyncio.to_thread(self.store.get_or_create, name)
+            result = await asyncio.to_thread(collection.replace_documents, documents)
+            metrics.COMMIT_SECONDS.labels("replace").observe(time.perf_counter() - started)
+        metrics.CHUNKS_WRITTEN.labels("upsert").inc(result.upserted)
+        metrics.CHUNKS_WRITTEN.labels("remove").inc(result.removed)
+        metrics.MISSING_KEEPS.inc(len(result.missing_chunk_ids))
+        return sparse_pb2.ReplaceDocumentsResponse(
+            upserted=result.upserted, removed=result.removed, missing_chunk_ids=result.missing_chunk_ids
+        )
+
+    async def Delete(
+        self, request: sparse_pb2.DeleteRequest, context: aio.ServicerContext
+    ) -> sparse_pb2.DeleteResponse:
+        name = validate_collection(request.collection)
+        if not request.chunk_ids and not request.doc_ids:
+            raise invalid_argument("give chunk_ids and/or doc_ids to delete")
+        self._check_count("chunk_ids + doc_ids", len(request.chunk_ids) + len(request.doc_ids))
+        chunk_ids = [validate_chunk_id(c) for c in request.chunk_ids]
+        doc_ids = [validate_doc_id(d) for d in request.doc_ids]
+        collection = await asyncio.to_thread(self.store.get, name)
+        if collection is None:
+            return sparse_pb2.DeleteResponse(removed=0)  # idempotent: nothing there to delete
+        async with self._write_lock(name):
+            started = time.perf_counter()
+            removed = await asyncio.to_thread(collection.delete, chunk_ids, doc_ids)
+            metrics.COMMIT_SECONDS.labels("delete").observe(time.perf_counter() - started)
+        metrics.CHUNKS_WRITTEN.labels("remove").inc(removed)
+        return sparse_pb2.DeleteResponse(removed=removed)
+
+    # --- reads ---
+
+    async def SearchBm25(
+        self, request: sparse_pb2.SearchBm25Request, context: aio.ServicerContext
+    ) -> sparse_pb2.SearchBm25Response:
+        name = validate_collection(request.collection)
+        top_k = self._top_k(request.top_k)
+        query = request.query
+        if len(query) > self.settings.sparse_max_query_chars:
+            raise resource_exhausted(
+                f"query is {len(query)} chars, the limit is {self.settings.sparse_max_query_chars}"
+            )
+        if not query.strip():
+            raise invalid_argument("query is empty")
+        doc_ids = self._doc_filter(request.doc_ids)
+        collection = await self._existing(name)
+        started = time.perf_counter()
+        hits = await asyncio.to_thread(collection.search_bm25, query, top_k, doc_ids)
+        self._observe("bm25", started, hits)
+        return sparse_pb2.SearchBm25Response(hits=[_hit_pb(h) for h in hits])
+
+    async def SearchExact(
+        self, request: sparse_pb2.SearchExactRequest, context: aio.ServicerContext
+    ) -> sparse_pb2.SearchExactResponse:
+        name = validate_collection(request.collection)
+        top_k = self._top_k(request.top_k)
+        keywords = self._keywords(request.keywords)
+        doc_ids = self._doc_filter(request.doc_ids)
+        collection = await self._existing(name)
+        started = time.perf_counter()
+        if self.settings.sparse_exact_mode == "ripgrep":
+            hits = await self._exact_ripgrep(collection, keywords, top_k, doc_ids)
+            kind = "exact_ripgrep"
+        else:
+            hits = await asyncio.to_thread(exact_phrase, collection, keywords, top_k, doc_ids)
+            kind = "exact_phrase"
+        self._observe(kind, started, hits)
+        return sparse_pb2.SearchExactResponse(hits=[_hit_pb(h) for h in hits])
+
+    async def GetChunks(
+        self, request: sparse_pb2.GetChunksRequest, context: aio.ServicerContext
+    ) -> sparse_pb2.GetChunksResponse:
+        name = validate_collection(request.collection)
+        if not request.chunk_ids:
+            raise invalid_argument("chunk_ids is empty")
+        self._check_count("chunk_ids", len(request.chunk_ids))
+        chunk_ids = [validate_chunk_id(c) for c in request.chunk_ids]
+        collection = await self._existing(name)
+        # Ids that are gone (deleted since a search returned them) are left out, not an error.
+        records = await asyncio.to_thread(collection.get_chunks, chunk_ids)
+        return sparse_pb2.GetChunksResponse(chunks=[_chunk_pb(r) for r in records])
+
+    async def GetStats(
+        self, request: sparse_pb2.GetStatsRequest, context: aio.ServicerContext
+    ) -> sparse_pb2.GetStatsResponse:
+        name = validate_collection(request.collection)
+        collection = await self._existing(name)
+        chunks, documents = await asyncio.to_thread(collection.stats)
+        return sparse_pb2.GetStatsResponse(collection=name, chunks=chunks, documents=documents)
+
+    # --- helpers ---
+
+    async def _exact_ripgrep(
+        self, collection: Collection, keywords: list[Keyword], top_k: int, doc_ids: list[str]
+    ) -> list[Hit]:
+        assert self.rg is not None  # checked in __init__
+        try:
+            counts = await ripgrep_counts(
+                self.rg, collection.files.root, keywords, self.settings.sparse_exact_timeout_s
+            )
+        except RipgrepTimeout as exc:
+            metrics.RIPGREP_TIMEOUTS.inc()
+            raise deadline_exceeded(str(exc)) from None
+        # Files can outlive their chunks after a crash: only committed chunks count.
+        doc_of = await asyncio.to_thread(collection.live_documents, counts.keys(), doc_ids)
+        return rank(counts, doc_of, keywords, top_k)
+
+    def _write_lock(self, name: str) -> asyncio.Lock:
+        return self._write_locks.setdefault(name, asyncio.Lock())
+
+    async def _existing(self, name: str) -> Collection:
+        collection = await asyncio.to_thread(self.store.get, name)
+        if collection is None:
+            raise not_found(f"collection {name!r} does not exist")
+        return collection
+
+    def _top_k(self, top_k: int) -> int:
+        if top_k == 0:
+            raise invalid_argument("top_k must be at least 1")
+        if top_k > self.settings.sparse_max_top_k:
+            raise resource_exhausted(f"top_k is {top_k}, the limit is {self.settings.sparse_max_top_k}")
+        return top_k
+
+    def _check_count(self, what: str, count: int) -> None:
+        if count > self.settings.sparse_max_batch_chunks:
+            raise resource_exhausted(
+                f"{what}: {count} given, the limit is {self.settings.sparse_max_batch_chunks}"
+            )
+
+    def _doc_filter(self, doc_ids: Sequence[str]) -> list[str]:
+        if len(doc_ids) > self.settings.sparse_max_doc_filter:
+            raise resource_exhausted(
+                f"doc_ids filter has {len(doc_ids)} ids, the limit is {self.settings.sparse_max_doc_filter}"
+            )
+        return list(dict.fromkeys(validate_doc_id(d) for d in doc_ids))
+
+    def _keywords(self, raw: Sequence[str]) -> list[Keyword]:
+        if not raw:
+            raise invalid_argument("keywords is empty")
+        if len(raw) > self.settings.sparse_max_keywords:
+            raise resource_exhausted(
+                f"{len(raw)} keywords given, the limit is {self.settings.sparse_max_keywords}"
+            )
+        for i, keyword in enumerate(raw):
+            if not keyword.strip():
+                raise invalid_argument(f"keywords[{i}] is blank")
+            if len(keyword) > MAX_KEYWORD_CHARS:
+                raise resource_exhausted(
+                    f"keywords[{i}] is {len(keyword)} chars, the limit is {MAX_KEYWORD_CHARS}"
+                )
+        return normalise_keywords(raw)
+
+    def _document_updates(self, documents: Sequence[sparse_pb2.DocumentReplacement]) -> list[DocumentUpdate]:
+        if not documents:
+            raise invalid_argument("documents is empty")
+        total = sum(len(d.upserts) + len(d.keep_chunk_ids) for d in documents)
+        self._check_count("upserts + keep_chunk_ids", total)
+        seen_docs: set[str] = set()
+        seen_chunks: set[str] = set()
+        updates = []
+        for document in documents:
+            doc_id = validate_doc_id(document.doc_id)
+            if doc_id in seen_docs:
+                raise invalid_argument(f"doc_id {doc_id!r} is listed twice")
+            seen_docs.add(doc_id)
+            upserts = [self._chunk_record(doc_id, c) for c in document.upserts]
+            keeps = [validate_chunk_id(c) for c in document.keep_chunk_ids]
+            for chunk_id in [c.chunk_id for c in upserts]:
+                if chunk_id in seen_chunks:
+                    raise invalid_argument(f"chunk_id {chunk_id} is upserted twice")
+                seen_chunks.add(chunk_id)
+            updates.append(DocumentUpdate(doc_id, upserts, keeps))
+        return updates
+
+    def _chunk_record(self, doc_id: str, chunk: sparse_pb2.ChunkText) -> ChunkRecord:
+        chunk_id = validate_chunk_id(chunk.chunk_id)
+        if chunk.doc_id and chunk.doc_id != doc_id:
+            raise invalid_argument(f"chunk {chunk_id} has doc_id {chunk.doc_id[:80]!r}, expected {doc_id!r}")
+        if not chunk.text.strip() and not chunk.title.strip():
+            raise invalid_argument(f"chunk {chunk_id} has no text")
+        size = len(chunk.title) + len(chunk.text)
+        if size > self.settings.sparse_max_chunk_chars:
+            raise resource_exhausted(
+                f"chunk {chunk_id} is {size} chars, the limit is {self.settings.sparse_max_chunk_chars}"
+            )
+        location = chunk.location.SerializeToString() if chunk.HasField("location") else b""
+        return ChunkRecord(chunk_id, doc_id, chunk.title, chunk.text, location)
+
+    @staticmethod
+    def _observe(kind: str, started: float, hits: Sequence[Hit]) -> None:
+        metrics.SEARCH_SECONDS.labels(kind).observe(time.perf_counter() - started)
+        metrics.SEARCH_HITS.labels(kind).observe(len(hits))
+
+
+def exact_phrase(
+    collection: Collection, keywords: list[Keyword], top_k: int, doc_ids: Iterable[str]
+) -> list[Hit]:
+    candidates = collection.phrase_candidates([k.needle for k in keywords], top_k, list(doc_ids))
+    counts = {r.chunk_id: count_phrases(r, keywords) for r in candidates}
+    return rank(counts, {r.chunk_id: r.doc_id for r in candidates}, keywords, top_k)
+
+
+def _hit_pb(hit: Hit) -> sparse_pb2.SearchHit:
+    return sparse_pb2.SearchHit(
+        chunk_id=hit.chunk_id, doc_id=hit.doc_id, score=hit.score, matched_keywords=hit.matched_keywords
+    )
+
+
+def _chunk_pb(record: ChunkRecord) -> sparse_pb2.ChunkText:
+    chunk = sparse_pb2.ChunkText(
+        chunk_id=record.chunk_id, doc_id=record.doc_id, title=record.title, text=record.text
+    )
+    if record.location:
+        chunk.location.CopyFrom(common_pb2.ChunkLocation.FromString(record.location))
+    return chunk
+
+
+def build_spec(settings: SparseSettings) -> ServiceSpec:
+    root = data_dir(settings)
+    root.mkdir(parents=True, exist_ok=True)
+    store = SparseStore(root, settings.sparse_writer_heap_bytes, settings.sparse_title_boost)
+    servicer = SparseServicer(settings, store)
+
+    async def close() -> None:
+        await asyncio.to_thread(store.close)
+
+    return ServiceSpec(
+        name="sparse",
+        grpc_services=[sparse_pb2.DESCRIPTOR.services_by_name["SparseService"].full_name],
+        register=lambda server: sparse_pb2_grpc.add_SparseServiceServicer_to_server(servicer, server),
+        on_stop=[close],
+    )

@@ -1,0 +1,66 @@
+"""A real local mesh for the integration tests: one stack per test session, started with the
+same supervisor as ``ragmesh up`` and always stopped at the end (also when tests fail).
+
+Services whose code does not exist yet are left out. ``RAGMESH_IT_SERVICES`` (comma
+separated, '' for none) limits the services started, e.g. to debug the supervisor itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from ragmesh_cli.stack import ALL_SERVICES, Stack, available_services
+
+
+def _wanted_services() -> list[str]:
+    found = available_services()
+    limit = os.environ.get("RAGMESH_IT_SERVICES")
+    if limit is None:
+        return found
+    wanted = {s.strip() for s in limit.split(",") if s.strip()}
+    unknown = wanted - set(ALL_SERVICES)
+    if unknown:
+        raise pytest.UsageError(f"RAGMESH_IT_SERVICES names unknown services {sorted(unknown)}")
+    return [s for s in found if s in wanted]
+
+
+# Failure paths must play out in seconds, not the production minutes: short redelivery and
+# lease times, quick retries and breakers, and a small document limit to test it cheaply.
+TEST_ENV = {
+    "RAGMESH_INGEST_ACK_WAIT_S": "4",
+    "RAGMESH_INGEST_LEASE_S": "4",
+    "RAGMESH_INGEST_MAX_DELIVER": "4",
+    "RAGMESH_INGEST_RETRY_BACKOFF_S": "0.3,0.6,1",
+    "RAGMESH_INGEST_MAX_DOCUMENT_BYTES": "1000000",
+    "RAGMESH_BREAKER_RESET_S": "1",
+    "RAGMESH_CLIENT_TIMEOUT_S": "5",
+    "RAGMESH_LOG_LEVEL": "INFO",
+}
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The running mesh (NATS, S3 and every available service, one ingestion worker)."""
+    running = Stack(
+        tmp_path_factory.mktemp("stack"), workers=1, services=_wanted_services(), extra_env=TEST_ENV
+    )
+    try:
+        running.up()
+        yield running
+    finally:
+        # up() already stops what it started when it fails; down() is a no-op then.
+        running.down()
+
+
+@pytest.fixture(scope="session")
+def stack_addresses(stack: Stack) -> dict[str, str]:
+    """Component name -> 127.0.0.1:port (nats client port, S3 API port, gRPC ports)."""
+    return {name: stack.address(name) for name in stack.names()}
+
+
+@pytest.fixture(scope="session")
+def stack_env(stack: Stack) -> dict[str, str]:
+    """The RAGMESH_* settings a client of the mesh needs (addresses, S3 credentials)."""
+    return stack.client_env()

@@ -1,0 +1,163 @@
+"""Thin clients over a running stack for the integration tests: real gRPC channels to the
+real services, plus the helpers the tests share (submit, wait, count, metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+from collections.abc import Sequence
+
+import grpc
+from grpc import aio
+from ragmesh.common.v1 import common_pb2
+from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
+from ragmesh.index.v1 import index_pb2, index_pb2_grpc
+from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
+from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
+from ragmesh_cli.stack import Stack
+
+MD = ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN
+TEXT = ingestion_pb2.DOCUMENT_FORMAT_TEXT
+PDF = ingestion_pb2.DOCUMENT_FORMAT_PDF
+
+
+class Mesh:
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self._channels: list[aio.Channel] = []
+        self.ingestion = ingestion_pb2_grpc.IngestionServiceStub(self._channel("ingestion"))
+        self.embedder = embedder_pb2_grpc.EmbedderServiceStub(self._channel("embedder"))
+        self.sparse = sparse_pb2_grpc.SparseServiceStub(self._channel("sparse"))
+        self.shards = [
+            index_pb2_grpc.IndexServiceStub(self._channel(name))
+            for name in stack.names()
+            if name.startswith("index-")
+        ]
+
+    def _channel(self, name: str) -> aio.Channel:
+        channel = aio.insecure_channel(
+            self.stack.address(name),
+            options=[("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)],
+        )
+        self._channels.append(channel)
+        return channel
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close()
+
+    # --- ingestion ------------------------------------------------------------------------
+
+    async def ingest(
+        self,
+        collection: str,
+        docs: Sequence[tuple[str, str | bytes] | tuple[str, str | bytes, int]],
+        fmt: int = MD,
+    ) -> ingestion_pb2.IngestDocumentsResponse:
+        """Submit documents; an entry may carry its own format as a third item."""
+        documents = []
+        for entry in docs:
+            doc_id, body = entry[0], entry[1]
+            documents.append(
+                ingestion_pb2.Document(
+                    doc_id=doc_id,
+                    format=entry[2] if len(entry) == 3 else fmt,  # type: ignore[misc]
+                    content=body.encode() if isinstance(body, str) else body,
+                )
+            )
+        request = ingestion_pb2.IngestDocumentsRequest(collection=collection, documents=documents)
+        return await self.ingestion.IngestDocuments(request, timeout=30)
+
+    async def statuses(
+        self, collection: str, doc_ids: Sequence[str]
+    ) -> dict[str, ingestion_pb2.DocumentStatus]:
+        reply = await self.ingestion.GetDocumentStatus(
+            ingestion_pb2.GetDocumentStatusRequest(collection=collection, doc_ids=list(doc_ids)), timeout=10
+        )
+        return {d.doc_id: d for d in reply.documents}
+
+    async def wait_settled(
+        self,
+        collection: str,
+        doc_ids: Sequence[str],
+        timeout: float = 120.0,
+        want: int = ingestion_pb2.DOCUMENT_STATE_INDEXED,
+    ) -> dict[str, ingestion_pb2.DocumentStatus]:
+        """Until every document reaches ``want`` (or FAILED); fails the test on timeout."""
+        deadline = time.monotonic() + timeout
+        final = {want, ingestion_pb2.DOCUMENT_STATE_FAILED}
+        while True:
+            statuses: dict[str, ingestion_pb2.DocumentStatus] = {}
+            for i in range(0, len(doc_ids), 500):
+                statuses.update(await self.statuses(collection, doc_ids[i : i + 500]))
+            if all(s.state in final for s in statuses.values()):
+                return statuses
+            if time.monotonic() > deadline:
+                pending = {
+                    k: ingestion_pb2.DocumentState.Name(v.state)
+                    for k, v in statuses.items()
+                    if v.state not in final
+                }
+                raise AssertionError(f"not settled after {timeout}s: {dict(list(pending.items())[:10])}")
+            await asyncio.sleep(0.2)
+
+    # --- stores ---------------------------------------------------------------------------
+
+    async def embed_query(self, text: str) -> list[float]:
+        reply = await self.embedder.Embed(
+            embedder_pb2.EmbedRequest(texts=[text], kind=embedder_pb2.TEXT_KIND_QUERY), timeout=30
+        )
+        return list(reply.vectors[0].values)
+
+    async def dense_search(self, collection: str, query: str, top_k: int = 10) -> list[index_pb2.SearchHit]:
+        vector = common_pb2.Vector(values=await self.embed_query(query))
+        hits: list[index_pb2.SearchHit] = []
+        for shard in self.shards:
+            reply = await shard.Search(
+                index_pb2.SearchRequest(collection=collection, vector=vector, top_k=top_k), timeout=10
+            )
+            hits.extend(reply.hits)
+        return sorted(hits, key=lambda h: -h.score)[:top_k]
+
+    async def bm25(self, collection: str, query: str, top_k: int = 10) -> list[sparse_pb2.SearchHit]:
+        reply = await self.sparse.SearchBm25(
+            sparse_pb2.SearchBm25Request(collection=collection, query=query, top_k=top_k), timeout=10
+        )
+        return list(reply.hits)
+
+    async def index_chunks(self, collection: str) -> int:
+        total = 0
+        for shard in self.shards:
+            try:
+                reply = await shard.GetStats(index_pb2.GetStatsRequest(collection=collection), timeout=10)
+            except aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                continue
+            total += reply.chunks
+        return total
+
+    async def sparse_stats(self, collection: str) -> sparse_pb2.GetStatsResponse:
+        return await self.sparse.GetStats(sparse_pb2.GetStatsRequest(collection=collection), timeout=10)
+
+    async def sparse_chunks_of(self, collection: str, doc_id: str) -> list[sparse_pb2.SearchHit]:
+        """Every chunk of a document in the sparse store (a filtered exact search on a word
+        the test documents all contain)."""
+        reply = await self.sparse.SearchExact(
+            sparse_pb2.SearchExactRequest(
+                collection=collection, keywords=["ragmesh"], top_k=1000, doc_ids=[doc_id]
+            ),
+            timeout=10,
+        )
+        return list(reply.hits)
+
+    def metric(self, component: str, name: str) -> float:
+        """Sum of a Prometheus counter scraped from a component's /metrics."""
+        port = self.stack.component(component).ports["metrics"]
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        total = 0.0
+        for match in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", body, re.MULTILINE):
+            total += float(match.group(1))
+        return total
