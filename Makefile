@@ -91,7 +91,9 @@ demo: setup
 	$(BIN)/ragmesh ingest $(SCIFACT)/corpus.jsonl.gz --collection scifact --wait
 	$(BIN)/ragmesh status --collection scifact
 
+# Each benchmark measures its comparisons side by side in one run; see docs/BENCHMARKS.md.
 bench: setup
+	$(PY) -m bench.exact_bench --corpus $(SCIFACT)/corpus.jsonl.gz
 	$(PY) -m bench.ingest_bench --dataset $(SCIFACT)
 
 lock:

@@ -55,6 +55,8 @@ class MeshSettings(BaseSettings):
     )
     sparse_address: str = Field("127.0.0.1:50053", description="Sparse (BM25 + exact) service.")
     ingestion_address: str = Field("127.0.0.1:50054", description="Ingestion API service.")
+    planner_address: str = Field("127.0.0.1:50055", description="Query planner service.")
+    gateway_address: str = Field("127.0.0.1:50056", description="Search gateway service.")
 
     # --- client policy for outgoing calls ---
     client_timeout_s: float = Field(10.0, description="Deadline of an outgoing call with no caller deadline.")
@@ -183,3 +185,40 @@ class IngestionSettings(MeshSettings):
 
     def retry_backoffs(self) -> list[float]:
         return [float(x) for x in self.ingest_retry_backoff_s.split(",") if x.strip()]
+
+
+class PlannerSettings(MeshSettings):
+    planner_precise_pool: int = Field(50, ge=1, description="Candidates per leg, precise plans.")
+    planner_exhaustive_pool: int = Field(80, ge=1, description="Candidates per leg, exhaustive plans.")
+    planner_default_variations: int = Field(
+        3, ge=1, description="Dense queries when the caller asks for 0 (the original counts; 1: only it)."
+    )
+    planner_max_variations: int = Field(8, ge=1, description="Largest max_variations a caller may ask for.")
+    planner_max_keywords: int = Field(8, ge=1, description="Most hard keywords in one plan.")
+    planner_max_query_chars: int = Field(2000, ge=1, description="Longest query accepted, in characters.")
+
+
+class GatewaySettings(MeshSettings):
+    gateway_max_query_chars: int = Field(2000, ge=1, description="Longest query accepted, in characters.")
+    gateway_max_top_k: int = Field(100, ge=1, description="Largest top_k accepted.")
+    gateway_max_variations: int = Field(8, ge=1, description="Largest max_variations accepted.")
+    gateway_max_pool_size: int = Field(
+        1000, ge=1, description="Largest candidate pool per leg (keep <= the index and sparse max top_k)."
+    )
+    gateway_max_doc_ids: int = Field(
+        10_000, ge=1, description="Most doc_ids in a search filter (keep <= the sparse and index limits)."
+    )
+    gateway_max_keywords: int = Field(32, ge=1, description="Most plan keywords sent to the exact leg.")
+    gateway_rrf_k: int = Field(60, ge=1, description="Default RRF constant k.")
+    gateway_weight_dense: float = Field(1.0, ge=0, description="Default RRF weight of the dense leg.")
+    gateway_weight_bm25: float = Field(1.0, ge=0, description="Default RRF weight of the BM25 leg.")
+    gateway_weight_exact: float = Field(0.3, ge=0, description="Default RRF weight of the exact leg.")
+    gateway_dense_combine: Literal["rrf", "max"] = Field(
+        "rrf", description="How the dense leg merges its query variations: RRF of ranks or max cosine."
+    )
+    gateway_planner_timeout_s: float = Field(
+        2.0, gt=0, description="Longest wait for a plan (also capped to a share of the caller's deadline)."
+    )
+    gateway_finish_reserve_s: float = Field(
+        0.1, ge=0, description="Deadline time kept back from the legs for fusion and hydration."
+    )

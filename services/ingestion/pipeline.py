@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -329,9 +329,14 @@ class IngestPipeline:
     async def _commit(self, job: Job) -> None:
         try:
             await self._commit_record(job)
-            await self._drop_superseded_objects(job)
         except Exception as exc:
             job.failure = JobFailure(f"commit failed: {exc!r}", permanent=False)
+            return
+        try:
+            await self._drop_superseded_objects(job)
+        except Exception as exc:
+            # Only storage is at stake: the next version's commit removes what is left.
+            log.warning("could not remove old document objects", extra={"key": job.key, "error": repr(exc)})
 
     async def _commit_record(self, job: Job) -> None:
         record = job.record or Versioned(None, 0)
@@ -377,6 +382,3 @@ class IngestPipeline:
         status = current.value
         return bool(status and key.endswith("/" + status.target_sha256))
 
-
-def chunk_counts(jobs: Iterable[Job]) -> int:
-    return sum(len(job.chunks) for job in jobs)

@@ -399,11 +399,22 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
             missing = sorted(wanted - {letter.sequence for letter in letters})
             raise not_found(f"no dead letters with sequence {', '.join(map(str, missing[:20]))}")
         chosen = [letter for letter in letters if letter.event and (not wanted or letter.sequence in wanted)]
+        replayed = 0
         for letter in chosen:
             assert letter.event is not None
-            # The document is wanted again: make this version the target, then republish.
-            state = DELETING if letter.event.op == "delete" else QUEUED
             key = doc_key(letter.event.collection, letter.event.doc_id)
+            if await self._superseded(key, letter.event):
+                # A newer version was submitted since: replaying would bring the old one back.
+                await self.dead_letters.forget(letter.sequence)
+                continue
+            state = DELETING if letter.event.op == "delete" else QUEUED
             await self._request(key, letter.event, state)
             await self.dead_letters.forget(letter.sequence)
-        return ingestion_pb2.ReplayDeadLettersResponse(replayed=len(chosen))
+            replayed += 1
+        return ingestion_pb2.ReplayDeadLettersResponse(replayed=replayed)
+
+    async def _superseded(self, key: str, event: IngestEvent) -> bool:
+        assert self.state is not None
+        current = (await self.state.get_status(key)).value
+        target = DELETE_TARGET if event.op == "delete" else event.content_sha256
+        return current is not None and current.target_sha256 != target

@@ -1,7 +1,7 @@
 """Compare the exact leg's two modes on SciFact (5,183 abstracts, one chunk each): latency and
 whether they return the same top 10.
 
-    .venv/bin/python -m services.sparse.bench_exact [--corpus PATH] [--queries N]
+    .venv/bin/python -m bench.exact_bench [--corpus PATH] [--queries N]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from services.sparse.collection import ChunkRecord, Collection, DocumentUpdate
 from services.sparse.exact import Keyword, find_ripgrep, normalise_keywords, rank, ripgrep_counts
 from services.sparse.servicer import exact_phrase
 
-DEFAULT_CORPUS = Path(__file__).resolve().parents[3] / "shared/bench/scifact/corpus.jsonl.gz"
+DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "shared/bench/scifact/corpus.jsonl.gz"
 # Gene / protein / assay names such as IL-6, CD4, p53, H3K27me3: letters and digits mixed.
 _IDENTIFIER_RE = re.compile(r"\b(?=[A-Za-z0-9-]*[A-Za-z])(?=[A-Za-z0-9-]*\d)[A-Za-z0-9][A-Za-z0-9-]{2,}\b")
 TOP_K = 10

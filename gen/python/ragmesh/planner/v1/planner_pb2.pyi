@@ -1,0 +1,64 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Strategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STRATEGY_UNSPECIFIED: _ClassVar[Strategy]
+    STRATEGY_PRECISE: _ClassVar[Strategy]
+    STRATEGY_EXHAUSTIVE: _ClassVar[Strategy]
+
+class HydeMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HYDE_MODE_UNSPECIFIED: _ClassVar[HydeMode]
+    HYDE_MODE_OFF: _ClassVar[HydeMode]
+    HYDE_MODE_FUSION: _ClassVar[HydeMode]
+    HYDE_MODE_SUPPLEMENT: _ClassVar[HydeMode]
+STRATEGY_UNSPECIFIED: Strategy
+STRATEGY_PRECISE: Strategy
+STRATEGY_EXHAUSTIVE: Strategy
+HYDE_MODE_UNSPECIFIED: HydeMode
+HYDE_MODE_OFF: HydeMode
+HYDE_MODE_FUSION: HydeMode
+HYDE_MODE_SUPPLEMENT: HydeMode
+
+class PlanRequest(_message.Message):
+    __slots__ = ("query", "strategy", "max_variations", "hyde_mode")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    MAX_VARIATIONS_FIELD_NUMBER: _ClassVar[int]
+    HYDE_MODE_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    strategy: Strategy
+    max_variations: int
+    hyde_mode: HydeMode
+    def __init__(self, query: _Optional[str] = ..., strategy: _Optional[_Union[Strategy, str]] = ..., max_variations: _Optional[int] = ..., hyde_mode: _Optional[_Union[HydeMode, str]] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("strategy", "pool_size", "variations", "hard_keywords", "hyde_passage", "hyde_mode", "planner")
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VARIATIONS_FIELD_NUMBER: _ClassVar[int]
+    HARD_KEYWORDS_FIELD_NUMBER: _ClassVar[int]
+    HYDE_PASSAGE_FIELD_NUMBER: _ClassVar[int]
+    HYDE_MODE_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_FIELD_NUMBER: _ClassVar[int]
+    strategy: Strategy
+    pool_size: int
+    variations: _containers.RepeatedScalarFieldContainer[str]
+    hard_keywords: _containers.RepeatedScalarFieldContainer[str]
+    hyde_passage: str
+    hyde_mode: HydeMode
+    planner: str
+    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., pool_size: _Optional[int] = ..., variations: _Optional[_Iterable[str]] = ..., hard_keywords: _Optional[_Iterable[str]] = ..., hyde_passage: _Optional[str] = ..., hyde_mode: _Optional[_Union[HydeMode, str]] = ..., planner: _Optional[str] = ...) -> None: ...
+
+class PlanResponse(_message.Message):
+    __slots__ = ("plan",)
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    plan: Plan
+    def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...

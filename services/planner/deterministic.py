@@ -1,0 +1,62 @@
+"""The rule-based planner: same query, same plan, no model and no network.
+
+It never writes a HyDE passage (that needs a language model), so every plan reports HyDE as
+off whatever the caller asked for; the gateway then searches with the variations only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from services.planner.keywords import extract_keywords, identifiers
+from services.planner.plan import HydeMode, PlanInput, RetrievalPlan, Strategy
+from services.planner.strategy import choose_strategy
+from services.planner.text import quoted_phrases, tokens, without_quoted
+from services.planner.variations import make_variations
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PoolSizes:
+    precise: int
+    exhaustive: int
+
+    def for_strategy(self, strategy: Strategy) -> int:
+        return self.precise if strategy is Strategy.PRECISE else self.exhaustive
+
+
+class DeterministicPlanner:
+    name = "deterministic"
+
+    def __init__(self, pools: PoolSizes, max_keywords: int) -> None:
+        self.pools = pools
+        self.max_keywords = max_keywords
+
+    async def plan(self, request: PlanInput) -> RetrievalPlan:
+        # A few regex passes over at most a few thousand characters: cheaper than a thread hop.
+        return self.plan_sync(request)
+
+    def plan_sync(self, request: PlanInput) -> RetrievalPlan:
+        query = request.query
+        keywords = extract_keywords(query, self.max_keywords)
+        strategy = request.strategy
+        if strategy is None:
+            choice = choose_strategy(query, has_specific_terms=_has_specific_terms(query))
+            strategy = choice.strategy
+            log.debug("strategy chosen", extra={"strategy": strategy.value, "reasons": choice.reasons})
+        return RetrievalPlan(
+            strategy=strategy,
+            pool_size=self.pools.for_strategy(strategy),
+            variations=tuple(make_variations(query, request.max_variations)),
+            hard_keywords=tuple(keywords),
+            hyde_passage="",
+            hyde_mode=HydeMode.OFF,
+            planner=self.name,
+        )
+
+
+def _has_specific_terms(query: str) -> bool:
+    """Quoted phrases or identifiers (not mere names or acronyms) mark a targeted question."""
+    return bool(quoted_phrases(query) or identifiers(tokens(without_quoted(query))))

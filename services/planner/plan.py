@@ -1,0 +1,50 @@
+"""What a planner takes and gives, free of protobuf so planners are plain, testable Python.
+
+The servicer validates requests and maps these to and from the wire. Every planner
+(deterministic today, an LLM planner later) implements ``Planner``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Strategy(enum.Enum):
+    PRECISE = "precise"
+    EXHAUSTIVE = "exhaustive"
+
+
+class HydeMode(enum.Enum):
+    OFF = "off"
+    FUSION = "fusion"
+    SUPPLEMENT = "supplement"
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """A validated request."""
+
+    query: str  # non-blank, within the length limit
+    strategy: Strategy | None  # None: the planner decides
+    max_variations: int  # >= 1, the caller's wish or the server default
+    hyde_mode: HydeMode | None  # None: the server's default
+
+
+@dataclass(frozen=True)
+class RetrievalPlan:
+    strategy: Strategy
+    pool_size: int
+    variations: tuple[str, ...]  # the original query first
+    hard_keywords: tuple[str, ...]
+    hyde_passage: str
+    hyde_mode: HydeMode  # what the plan actually does, not what was asked
+    planner: str
+
+
+class Planner(Protocol):
+    # Reported in Plan.planner: "deterministic" or "llm".
+    name: str
+
+    async def plan(self, request: PlanInput) -> RetrievalPlan: ...
