@@ -381,4 +381,3 @@ class IngestPipeline:
         current = await self.state.get_status(job.key)
         status = current.value
         return bool(status and key.endswith("/" + status.target_sha256))
-
