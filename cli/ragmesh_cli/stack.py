@@ -44,12 +44,24 @@ SERVICE_MODULES: dict[str, str] = {
     "embedder": "services.embedder",
     "index": "services.index",
     "sparse": "services.sparse",
+    "planner": "services.planner",
     "ingestion": "services.ingestion",
+    "gateway": "services.gateway",
     "worker": "services.ingestion.worker",
 }
 ALL_SERVICES: tuple[str, ...] = tuple(SERVICE_MODULES)
 # Start order; stop order is the reverse. Components of one stage start in parallel.
-STAGE_OF_KIND = {NATS: 0, S3: 0, "embedder": 1, "index": 1, "sparse": 1, "ingestion": 2, "worker": 3}
+STAGE_OF_KIND = {
+    NATS: 0,
+    S3: 0,
+    "embedder": 1,
+    "index": 1,
+    "sparse": 1,
+    "planner": 1,
+    "ingestion": 2,
+    "gateway": 2,
+    "worker": 3,
+}
 SERVING = "SERVING"
 DOWN = "DOWN"
 UNREACHABLE = "UNREACHABLE"
@@ -274,6 +286,10 @@ class Stack:
             env["RAGMESH_SPARSE_ADDRESS"] = self.address("sparse")
         if "ingestion" in self.components:
             env["RAGMESH_INGESTION_ADDRESS"] = self.address("ingestion")
+        if "planner" in self.components:
+            env["RAGMESH_PLANNER_ADDRESS"] = self.address("planner")
+        if "gateway" in self.components:
+            env["RAGMESH_GATEWAY_ADDRESS"] = self.address("gateway")
         return env
 
     def _process_env(self, comp: Component) -> dict[str, str]:

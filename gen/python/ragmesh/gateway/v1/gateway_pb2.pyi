@@ -1,0 +1,163 @@
+from ragmesh.common.v1 import common_pb2 as _common_pb2
+from ragmesh.planner.v1 import planner_pb2 as _planner_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Leg(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEG_UNSPECIFIED: _ClassVar[Leg]
+    LEG_DENSE: _ClassVar[Leg]
+    LEG_BM25: _ClassVar[Leg]
+    LEG_EXACT: _ClassVar[Leg]
+
+class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STAGE_UNSPECIFIED: _ClassVar[Stage]
+    STAGE_PLANNER: _ClassVar[Stage]
+    STAGE_EMBEDDER: _ClassVar[Stage]
+    STAGE_INDEX: _ClassVar[Stage]
+    STAGE_SPARSE: _ClassVar[Stage]
+
+class DegradationReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEGRADATION_REASON_UNSPECIFIED: _ClassVar[DegradationReason]
+    DEGRADATION_REASON_UNAVAILABLE: _ClassVar[DegradationReason]
+    DEGRADATION_REASON_DEADLINE: _ClassVar[DegradationReason]
+    DEGRADATION_REASON_BREAKER_OPEN: _ClassVar[DegradationReason]
+    DEGRADATION_REASON_ERROR: _ClassVar[DegradationReason]
+LEG_UNSPECIFIED: Leg
+LEG_DENSE: Leg
+LEG_BM25: Leg
+LEG_EXACT: Leg
+STAGE_UNSPECIFIED: Stage
+STAGE_PLANNER: Stage
+STAGE_EMBEDDER: Stage
+STAGE_INDEX: Stage
+STAGE_SPARSE: Stage
+DEGRADATION_REASON_UNSPECIFIED: DegradationReason
+DEGRADATION_REASON_UNAVAILABLE: DegradationReason
+DEGRADATION_REASON_DEADLINE: DegradationReason
+DEGRADATION_REASON_BREAKER_OPEN: DegradationReason
+DEGRADATION_REASON_ERROR: DegradationReason
+
+class LegWeights(_message.Message):
+    __slots__ = ("dense", "bm25", "exact")
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    BM25_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
+    dense: float
+    bm25: float
+    exact: float
+    def __init__(self, dense: _Optional[float] = ..., bm25: _Optional[float] = ..., exact: _Optional[float] = ...) -> None: ...
+
+class SearchRequest(_message.Message):
+    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    DOC_IDS_FIELD_NUMBER: _ClassVar[int]
+    COLLAPSE_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    RRF_K_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    MAX_VARIATIONS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_LEG_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    query: str
+    top_k: int
+    doc_ids: _containers.RepeatedScalarFieldContainer[str]
+    collapse_documents: bool
+    rrf_k: int
+    weights: LegWeights
+    strategy: _planner_pb2.Strategy
+    max_variations: int
+    include_leg_results: bool
+    pool_size: int
+    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ...) -> None: ...
+
+class LegRank(_message.Message):
+    __slots__ = ("leg", "rank", "score")
+    LEG_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    leg: Leg
+    rank: int
+    score: float
+    def __init__(self, leg: _Optional[_Union[Leg, str]] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ...) -> None: ...
+
+class SearchResult(_message.Message):
+    __slots__ = ("chunk_id", "doc_id", "title", "text", "location", "fused_score", "leg_ranks")
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    FUSED_SCORE_FIELD_NUMBER: _ClassVar[int]
+    LEG_RANKS_FIELD_NUMBER: _ClassVar[int]
+    chunk_id: str
+    doc_id: str
+    title: str
+    text: str
+    location: _common_pb2.ChunkLocation
+    fused_score: float
+    leg_ranks: _containers.RepeatedCompositeFieldContainer[LegRank]
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ..., fused_score: _Optional[float] = ..., leg_ranks: _Optional[_Iterable[_Union[LegRank, _Mapping]]] = ...) -> None: ...
+
+class Degradation(_message.Message):
+    __slots__ = ("stage", "reason", "message", "legs")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEGS_FIELD_NUMBER: _ClassVar[int]
+    stage: Stage
+    reason: DegradationReason
+    message: str
+    legs: _containers.RepeatedScalarFieldContainer[Leg]
+    def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., reason: _Optional[_Union[DegradationReason, str]] = ..., message: _Optional[str] = ..., legs: _Optional[_Iterable[_Union[Leg, str]]] = ...) -> None: ...
+
+class StageTiming(_message.Message):
+    __slots__ = ("stage", "ms")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    MS_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    ms: float
+    def __init__(self, stage: _Optional[str] = ..., ms: _Optional[float] = ...) -> None: ...
+
+class LegHit(_message.Message):
+    __slots__ = ("chunk_id", "doc_id", "score")
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    chunk_id: str
+    doc_id: str
+    score: float
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
+
+class LegResult(_message.Message):
+    __slots__ = ("leg", "hits")
+    LEG_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    leg: Leg
+    hits: _containers.RepeatedCompositeFieldContainer[LegHit]
+    def __init__(self, leg: _Optional[_Union[Leg, str]] = ..., hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ...) -> None: ...
+
+class SearchResponse(_message.Message):
+    __slots__ = ("results", "plan", "degradations", "timings", "leg_results")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    DEGRADATIONS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    LEG_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SearchResult]
+    plan: _planner_pb2.Plan
+    degradations: _containers.RepeatedCompositeFieldContainer[Degradation]
+    timings: _containers.RepeatedCompositeFieldContainer[StageTiming]
+    leg_results: _containers.RepeatedCompositeFieldContainer[LegResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., leg_results: _Optional[_Iterable[_Union[LegResult, _Mapping]]] = ...) -> None: ...

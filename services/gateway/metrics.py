@@ -1,0 +1,25 @@
+"""Prometheus metrics of the gateway's own work (RPC counts and client calls come from meshkit)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+SEARCH_SECONDS = Histogram(
+    "ragmesh_gateway_search_seconds",
+    "End-to-end Search latency, by outcome (whole, degraded, failed).",
+    ["outcome"],
+    buckets=_LATENCY_BUCKETS,
+)
+STAGE_SECONDS = Histogram(
+    "ragmesh_gateway_stage_seconds",
+    "Time of one search stage (planner, embed, dense, bm25, exact, fuse, hydrate).",
+    ["stage"],
+    buckets=_LATENCY_BUCKETS,
+)
+DEGRADATIONS = Counter(
+    "ragmesh_gateway_degradations_total",
+    "Stages that did not contribute to a search, by stage and reason.",
+    ["stage", "reason"],
+)

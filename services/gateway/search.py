@@ -1,0 +1,480 @@
+"""One search: plan, fan out to every retrieval leg in parallel under the caller's deadline,
+fuse with weighted RRF, hydrate the winners.
+
+Every downstream call goes through ``meshkit.client.Downstream`` (deadline, retries for
+idempotent calls, a breaker per downstream). A leg that fails, or is not back by the leg
+deadline, is cancelled and reported as a degradation; the answer comes from the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from meshkit.client import ClientPolicy, Downstream, DownstreamError
+from meshkit.errors import deadline_exceeded, not_found, unavailable
+from meshkit.interceptors import deadline_var
+from meshkit.settings import GatewaySettings
+from ragmesh.common.v1 import common_pb2
+from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
+from ragmesh.index.v1 import index_pb2, index_pb2_grpc
+from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
+from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
+
+from services.gateway import metrics
+from services.gateway.fusion import Fused, Hit, collapse_documents, combine_variations, merge_by_score, rrf
+from services.gateway.validation import BM25, DENSE, EXACT, LEGS, SearchParams
+
+log = logging.getLogger("gateway.search")
+
+PLANNER, EMBEDDER, INDEX, SPARSE = "planner", "embedder", "index", "sparse"
+UNAVAILABLE, DEADLINE, BREAKER_OPEN, ERROR = "unavailable", "deadline", "breaker_open", "error"
+# DownstreamError.reason -> degradation reason ("rejected": the downstream refused our request,
+# which is our error to report, not its health).
+REASON_OF = {"unavailable": UNAVAILABLE, "deadline": DEADLINE, "breaker_open": BREAKER_OPEN}
+# Pool sizes of the fallback plan: the planner's seeds.
+PRECISE_POOL = 50
+FALLBACK_POOL = {planner_pb2.STRATEGY_PRECISE: PRECISE_POOL, planner_pb2.STRATEGY_EXHAUSTIVE: 80}
+# Shares of the caller's budget: at most this much for the plan (the legs need the rest)...
+PLANNER_SHARE = 0.3
+# ...and at most this much kept back from the legs for fusion and hydration.
+FINISH_SHARE = 0.25
+# Hydration stops this long before the caller's deadline, to leave time to build and send the
+# reply (meshkit's own margin, 20 ms, is too tight for that on a busy host).
+REPLY_MARGIN_S = 0.04
+
+
+@dataclass
+class Degradation:
+    stage: str
+    reason: str
+    target: str
+    message: str
+    legs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SearchOutcome:
+    results: list[Fused]
+    # chunk_id -> stored chunk; empty when hydration failed.
+    chunks: dict[str, sparse_pb2.ChunkText]
+    plan: planner_pb2.Plan
+    degradations: list[Degradation]
+    # Stage -> milliseconds.
+    timings: dict[str, float]
+    # Each leg's own ranked list (legs that answered).
+    leg_lists: dict[str, list[Hit]]
+
+
+class Backends:
+    """The guarded clients of every downstream the gateway calls."""
+
+    def __init__(
+        self,
+        planner: Downstream[planner_pb2_grpc.PlannerServiceStub],
+        embedder: Downstream[embedder_pb2_grpc.EmbedderServiceStub],
+        shards: Sequence[Downstream[index_pb2_grpc.IndexServiceStub]],
+        sparse: Downstream[sparse_pb2_grpc.SparseServiceStub],
+    ) -> None:
+        self.planner = planner
+        self.embedder = embedder
+        self.shards = list(shards)
+        self.sparse = sparse
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> Backends:
+        policy = ClientPolicy.from_settings(settings)
+        size = settings.max_message_bytes
+        return cls(
+            Downstream(PLANNER, settings.planner_address, planner_pb2_grpc.PlannerServiceStub, policy, size),
+            Downstream(
+                EMBEDDER, settings.embedder_address, embedder_pb2_grpc.EmbedderServiceStub, policy, size
+            ),
+            [
+                Downstream(f"index-{i}", address, index_pb2_grpc.IndexServiceStub, policy, size)
+                for i, address in enumerate(settings.index_address_list())
+            ],
+            Downstream(SPARSE, settings.sparse_address, sparse_pb2_grpc.SparseServiceStub, policy, size),
+        )
+
+    async def close(self) -> None:
+        downstreams: list[Downstream[Any]] = [self.planner, self.embedder, *self.shards, self.sparse]
+        for downstream in downstreams:
+            await downstream.close()
+
+
+def _hits(raw: Sequence[Any]) -> list[Hit]:
+    return [Hit(h.chunk_id, h.doc_id, h.score) for h in raw]
+
+
+def _collection_missing(exc: DownstreamError) -> bool:
+    return exc.code == grpc.StatusCode.NOT_FOUND
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What one in-flight call stands for, to report it if it fails or runs out of time."""
+
+    kind: str  # embed, shard, bm25, exact
+    stage: str
+    target: str
+    legs: tuple[str, ...]
+
+
+class Degradations:
+    """Degradations of one search, one per (stage, downstream): sparse down is one entry
+    covering BM25 and exact, not two."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, str], Degradation] = {}
+
+    def add(self, stage: str, reason: str, target: str, message: str, legs: Sequence[str] = ()) -> None:
+        current = self.items.get((stage, target))
+        if current is None:
+            self.items[(stage, target)] = Degradation(stage, reason, target, message, list(legs))
+            return
+        current.legs = [leg for leg in LEGS if leg in current.legs or leg in legs]
+        # What a call that reached the downstream saw says more than a refusal by the breaker
+        # that this very search may have tripped.
+        if current.reason == BREAKER_OPEN:
+            current.reason = reason
+        if message not in current.message:
+            current.message = f"{current.message}; {message}"
+
+    def add_error(self, stage: str, exc: DownstreamError, legs: Sequence[str] = (), what: str = "") -> None:
+        reason = REASON_OF.get(exc.reason, ERROR)
+        detail = f"{exc.target}: {exc.reason}: {exc.message}"
+        self.add(stage, reason, exc.target, f"{what}: {detail}" if what else detail, legs)
+
+    def as_list(self) -> list[Degradation]:
+        return list(self.items.values())
+
+
+class Fanout:
+    """The retrieval calls of one search, run concurrently until all are back or the leg
+    deadline passes. Dense is two steps (embed, then every shard), so the shard calls are
+    started as soon as the vectors arrive, and a slow shard costs only its own hits."""
+
+    def __init__(
+        self,
+        backends: Backends,
+        params: SearchParams,
+        plan: planner_pb2.Plan,
+        dense_texts: list[str],
+        pool: int,
+        deadline: float,
+        degradations: Degradations,
+        combine_mode: str = "rrf",
+    ) -> None:
+        self.backends = backends
+        self.params = params
+        self.plan = plan
+        self.dense_texts = dense_texts
+        self.pool = pool
+        self.deadline = deadline
+        self.degradations = degradations
+        self.combine_mode = combine_mode
+        self.tasks: dict[asyncio.Task[Any], Job] = {}
+        self.timings: dict[str, float] = {}
+        self.lists: dict[str, list[Hit]] = {}
+        # Per answering shard: hits per dense text.
+        self.shard_answers: list[list[list[Hit]]] = []
+        self.attempted: set[str] = set()
+        self.answered = 0
+        self.missing = 0
+
+    def _left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _spawn(self, job: Job, timing: str, started: float, work: Awaitable[Any]) -> None:
+        async def timed() -> Any:
+            try:
+                return await work
+            finally:
+                # A stage's time runs from its start to its last call's end (shards run together).
+                self.timings[timing] = max(self.timings.get(timing, 0.0), _ms(time.perf_counter() - started))
+
+        self.tasks[asyncio.create_task(timed())] = job
+
+    async def run(self) -> None:
+        params, sparse = self.params, self.backends.sparse
+        now = time.perf_counter()
+        if params.enabled(DENSE):
+            self.attempted.add(DENSE)
+            self._spawn(Job("embed", EMBEDDER, EMBEDDER, (DENSE,)), "embed", now, self._embed())
+        if params.enabled(BM25):
+            self.attempted.add(BM25)
+            self._spawn(Job(BM25, SPARSE, sparse.target, (BM25,)), BM25, now, self._bm25())
+        if params.enabled(EXACT) and self.plan.hard_keywords:
+            self.attempted.add(EXACT)
+            self._spawn(Job(EXACT, SPARSE, sparse.target, (EXACT,)), EXACT, now, self._exact())
+        await self._collect()
+        if self.shard_answers:
+            self.lists[DENSE] = self._dense_list()
+
+    async def _collect(self) -> None:
+        pending: set[asyncio.Task[Any]] = set(self.tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(
+                    pending, timeout=max(0.0, self._left()), return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    break
+                for task in done:
+                    self._settle(task)
+                pending |= {t for t in self.tasks if not t.done()}
+        finally:
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        for task in pending:
+            job = self.tasks[task]
+            self.degradations.add(
+                job.stage, DEADLINE, job.target, f"{job.target}: no answer within the deadline", job.legs
+            )
+
+    def _settle(self, task: asyncio.Task[Any]) -> None:
+        job = self.tasks[task]
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, DownstreamError):
+            raise exc
+        if isinstance(exc, DownstreamError) and _collection_missing(exc) and job.stage != EMBEDDER:
+            # The collection has no data there (a shard may hold none of a small collection).
+            self.missing += 1
+            result: Any = [[] for _ in self.dense_texts] if job.kind == "shard" else []
+        elif isinstance(exc, DownstreamError):
+            self.degradations.add_error(job.stage, exc, job.legs)
+            return
+        else:
+            result = task.result()
+            if job.stage != EMBEDDER:
+                self.answered += 1
+        if job.kind == "embed":
+            self._start_shards(result)
+        elif job.kind == "shard":
+            self.shard_answers.append(result)
+        else:
+            self.lists[job.kind] = result
+
+    def _start_shards(self, vectors: list[common_pb2.Vector]) -> None:
+        if not self.backends.shards:
+            self.degradations.add(INDEX, ERROR, INDEX, "no index shards are configured", (DENSE,))
+            return
+        now = time.perf_counter()
+        for shard in self.backends.shards:
+            job = Job("shard", INDEX, shard.target, (DENSE,))
+            self._spawn(job, DENSE, now, self._search_shard(shard, vectors))
+
+    async def _embed(self) -> list[common_pb2.Vector]:
+        embedder = self.backends.embedder
+        request = embedder_pb2.EmbedRequest(texts=self.dense_texts, kind=embedder_pb2.TEXT_KIND_QUERY)
+        reply = await embedder.call(embedder.stub.Embed, request, timeout=self._left(), idempotent=True)
+        if len(reply.vectors) != len(self.dense_texts):
+            raise DownstreamError(
+                embedder.target,
+                "error",
+                None,
+                f"{len(reply.vectors)} vectors for {len(self.dense_texts)} texts",
+            )
+        return list(reply.vectors)
+
+    async def _search_shard(
+        self, shard: Downstream[index_pb2_grpc.IndexServiceStub], vectors: list[common_pb2.Vector]
+    ) -> list[list[Hit]]:
+        params = self.params
+        calls = [
+            shard.call(
+                shard.stub.Search,
+                index_pb2.SearchRequest(
+                    collection=params.collection, vector=vector, top_k=self.pool, doc_ids=params.doc_ids
+                ),
+                timeout=self._left(),
+                idempotent=True,
+            )
+            for vector in vectors
+        ]
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        errors = [reply for reply in replies if isinstance(reply, BaseException)]
+        if errors:
+            # As in Degradations.add: a call that reached the shard says more than the breaker.
+            raise min(errors, key=lambda e: isinstance(e, DownstreamError) and e.reason == "breaker_open")
+        return [_hits(reply.hits) for reply in replies if not isinstance(reply, BaseException)]
+
+    async def _bm25(self) -> list[Hit]:
+        sparse, params = self.backends.sparse, self.params
+        request = sparse_pb2.SearchBm25Request(
+            collection=params.collection, query=params.query, top_k=self.pool, doc_ids=params.doc_ids
+        )
+        reply = await sparse.call(sparse.stub.SearchBm25, request, timeout=self._left(), idempotent=True)
+        return _hits(reply.hits)
+
+    async def _exact(self) -> list[Hit]:
+        sparse, params = self.backends.sparse, self.params
+        request = sparse_pb2.SearchExactRequest(
+            collection=params.collection,
+            keywords=list(self.plan.hard_keywords),
+            top_k=self.pool,
+            doc_ids=params.doc_ids,
+        )
+        reply = await sparse.call(sparse.stub.SearchExact, request, timeout=self._left(), idempotent=True)
+        return _hits(reply.hits)
+
+    def _dense_list(self) -> list[Hit]:
+        per_text = [
+            merge_by_score((answer[i] for answer in self.shard_answers), self.pool)
+            for i in range(len(self.dense_texts))
+        ]
+        return combine_variations(per_text, self.params.rrf_k, self.pool, self.combine_mode)
+
+    def failed_everywhere(self) -> bool:
+        return bool(self.attempted) and not self.lists
+
+
+class Searcher:
+    def __init__(self, settings: GatewaySettings, backends: Backends) -> None:
+        self.settings = settings
+        self.backends = backends
+
+    def _leg_deadline(self) -> float:
+        """When the legs must be back: the caller's deadline less time for fusion and
+        hydration (a share of the budget, so short deadlines still leave the legs most)."""
+        now = time.monotonic()
+        inbound = deadline_var.get()
+        if inbound is None:
+            return now + self.settings.client_timeout_s
+        budget = inbound - now
+        if budget <= 0:
+            raise deadline_exceeded("the deadline passed before the search started")
+        return inbound - min(self.settings.gateway_finish_reserve_s, FINISH_SHARE * budget)
+
+    async def search(self, params: SearchParams) -> SearchOutcome:
+        started = time.perf_counter()
+        deadline = self._leg_deadline()
+        degradations = Degradations()
+        timings: dict[str, float] = {}
+
+        plan = await self._plan(params, deadline, degradations)
+        timings["planner"] = _ms(time.perf_counter() - started)
+        pool = min(max(params.pool_size or plan.pool_size, params.top_k), self.settings.gateway_max_pool_size)
+        dense_texts = [*plan.variations, *([plan.hyde_passage] if plan.hyde_passage.strip() else [])]
+        fanout = Fanout(
+            self.backends,
+            params,
+            plan,
+            dense_texts,
+            pool,
+            deadline,
+            degradations,
+            self.settings.gateway_dense_combine,
+        )
+        await fanout.run()
+        timings.update(fanout.timings)
+        self._raise_if_nothing_answered(params, fanout, degradations)
+
+        fuse_started = time.perf_counter()
+        fused = rrf(fanout.lists, params.weights, params.rrf_k)
+        if params.collapse_documents:
+            fused = collapse_documents(fused)
+        top = fused[: params.top_k]
+        timings["fuse"] = _ms(time.perf_counter() - fuse_started)
+
+        hydrate_started = time.perf_counter()
+        top, chunks = await self._hydrate(params, top, degradations)
+        timings["hydrate"] = _ms(time.perf_counter() - hydrate_started)
+        timings["total"] = _ms(time.perf_counter() - started)
+        for stage, ms in timings.items():
+            if stage != "total":
+                metrics.STAGE_SECONDS.labels(stage).observe(ms / 1000)
+        found = degradations.as_list()
+        for item in found:
+            metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
+        return SearchOutcome(top, chunks, plan, found, timings, fanout.lists)
+
+    def _raise_if_nothing_answered(
+        self, params: SearchParams, fanout: Fanout, degradations: Degradations
+    ) -> None:
+        found = degradations.as_list()
+        leg_failures = [d for d in found if d.legs and d.stage != PLANNER]
+        if fanout.answered == 0 and fanout.missing > 0 and not leg_failures:
+            raise not_found(f"collection {params.collection!r} does not exist")
+        if not fanout.failed_everywhere():
+            return
+        for item in found:
+            metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
+        detail = "; ".join(f"{d.stage} {d.reason}: {d.message}" for d in found)
+        if all(d.reason == DEADLINE for d in leg_failures):
+            raise deadline_exceeded(f"no retrieval leg answered within the deadline ({detail})")
+        raise unavailable(f"every retrieval leg failed ({detail})")
+
+    async def _plan(
+        self, params: SearchParams, deadline: float, degradations: Degradations
+    ) -> planner_pb2.Plan:
+        planner = self.backends.planner
+        request = planner_pb2.PlanRequest(
+            query=params.query, strategy=params.strategy, max_variations=params.max_variations
+        )
+        budget = min(self.settings.gateway_planner_timeout_s, PLANNER_SHARE * (deadline - time.monotonic()))
+        try:
+            reply = await planner.call(planner.stub.Plan, request, timeout=budget, idempotent=True)
+        except DownstreamError as exc:
+            # Without a plan: the question alone, no keywords (the exact leg has no input).
+            degradations.add_error(PLANNER, exc, [EXACT] if params.enabled(EXACT) else [])
+            return self._fallback_plan(params)
+        return self._usable_plan(reply.plan, params)
+
+    @staticmethod
+    def _fallback_plan(params: SearchParams) -> planner_pb2.Plan:
+        strategy = params.strategy or planner_pb2.STRATEGY_PRECISE
+        return planner_pb2.Plan(
+            strategy=strategy,
+            pool_size=FALLBACK_POOL[strategy],
+            variations=[params.query],
+            hyde_mode=planner_pb2.HYDE_MODE_OFF,
+            planner="fallback",
+        )
+
+    def _usable_plan(self, plan: planner_pb2.Plan, params: SearchParams) -> planner_pb2.Plan:
+        """The plan as the legs will use it: the question first, no blanks or repeats, within
+        the gateway's limits (the plan is returned as used, so callers see what ran)."""
+        limit = params.max_variations or self.settings.gateway_max_variations
+        variations = list(dict.fromkeys([params.query, *(v for v in plan.variations if v.strip())]))
+        keywords = list(dict.fromkeys(k for k in plan.hard_keywords if k.strip()))
+        usable = planner_pb2.Plan()
+        usable.CopyFrom(plan)
+        usable.pool_size = plan.pool_size or FALLBACK_POOL.get(plan.strategy, PRECISE_POOL)
+        del usable.variations[:]
+        usable.variations.extend(variations[:limit])
+        del usable.hard_keywords[:]
+        usable.hard_keywords.extend(keywords[: self.settings.gateway_max_keywords])
+        return usable
+
+    async def _hydrate(
+        self, params: SearchParams, top: list[Fused], degradations: Degradations
+    ) -> tuple[list[Fused], dict[str, sparse_pb2.ChunkText]]:
+        """Text, title and location of the results, one GetChunks call. Without it the results
+        go out bare; chunks deleted since the legs saw them are dropped."""
+        if not top:
+            return top, {}
+        sparse = self.backends.sparse
+        ids = [f.chunk_id for f in top]
+        request = sparse_pb2.GetChunksRequest(collection=params.collection, chunk_ids=ids)
+        inbound = deadline_var.get()
+        timeout = None if inbound is None else inbound - time.monotonic() - REPLY_MARGIN_S
+        try:
+            reply = await sparse.call(sparse.stub.GetChunks, request, timeout=timeout, idempotent=True)
+        except DownstreamError as exc:
+            degradations.add_error(SPARSE, exc, what="results without text")
+            return top, {}
+        chunks = {c.chunk_id: c for c in reply.chunks}
+        return [f for f in top if f.chunk_id in chunks], chunks

@@ -1,0 +1,179 @@
+"""Fake downstreams (planner, embedder, two index shards, sparse) on real gRPC servers, and a
+real gateway in front of them, so deadlines, retries and breakers play out as in production.
+Each fake method's behaviour is set per test: ok, fail (UNAVAILABLE), slow, missing (NOT_FOUND)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+from meshkit.ids import chunk_id_for
+from meshkit.server import start_service
+from meshkit.settings import GatewaySettings
+from ragmesh.common.v1 import common_pb2
+from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
+from ragmesh.gateway.v1 import gateway_pb2_grpc
+from ragmesh.index.v1 import index_pb2, index_pb2_grpc
+from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
+from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
+
+from services.gateway.servicer import build_spec
+
+COLLECTION = "docs"
+SLOW_S = 5.0
+DOC_OF = {"c0": "alpha.md", "c1": "beta.md", "c2": "alpha.md", "c3": "gamma.md", "c4": "delta.md"}
+CHUNK_ID = {name: chunk_id_for(COLLECTION, doc, name) for name, doc in DOC_OF.items()}
+NAME_OF = {cid: name for name, cid in CHUNK_ID.items()}
+# Dense: the same cosines for every query; c0 and c2 live on shard 0, c1 and c3 on shard 1.
+DENSE_SCORES = {"c0": 0.9, "c1": 0.8, "c2": 0.7, "c3": 0.6}
+SHARD_CHUNKS = [["c0", "c2"], ["c1", "c3"]]
+BM25_RANKING = ["c2", "c0", "c4"]
+EXACT_RANKING = ["c4"]
+KEYWORDS = ["ZX-81"]
+
+
+@dataclass
+class Fakes:
+    """What each fake does and what it was asked."""
+
+    behaviour: dict[str, str] = field(default_factory=dict)
+    calls: Counter[str] = field(default_factory=Counter)
+    requests: dict[str, list[Any]] = field(default_factory=dict)
+
+    async def act(self, key: str, request: Any, context: aio.ServicerContext) -> None:
+        self.calls[key] += 1
+        self.requests.setdefault(key, []).append(request)
+        mode = self.behaviour.get(key, "ok")
+        if mode == "fail":
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{key} is down")
+        if mode == "missing":
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such collection")
+        if mode == "slow":
+            await asyncio.sleep(SLOW_S)
+
+
+def sparse_hits(names: list[str]) -> list[sparse_pb2.SearchHit]:
+    return [
+        sparse_pb2.SearchHit(chunk_id=CHUNK_ID[n], doc_id=DOC_OF[n], score=10.0 - i)
+        for i, n in enumerate(names)
+    ]
+
+
+class FakePlanner(planner_pb2_grpc.PlannerServiceServicer):
+    def __init__(self, fakes: Fakes) -> None:
+        self.fakes = fakes
+
+    async def Plan(self, request: Any, context: aio.ServicerContext) -> planner_pb2.PlanResponse:
+        await self.fakes.act("planner", request, context)
+        plan = planner_pb2.Plan(
+            strategy=planner_pb2.STRATEGY_PRECISE,
+            pool_size=50,
+            variations=[request.query, f"{request.query} rephrased"],
+            hard_keywords=KEYWORDS,
+            planner="deterministic",
+        )
+        return planner_pb2.PlanResponse(plan=plan)
+
+
+class FakeEmbedder(embedder_pb2_grpc.EmbedderServiceServicer):
+    def __init__(self, fakes: Fakes) -> None:
+        self.fakes = fakes
+
+    async def Embed(self, request: Any, context: aio.ServicerContext) -> embedder_pb2.EmbedResponse:
+        await self.fakes.act("embedder", request, context)
+        vectors = [common_pb2.Vector(values=[float(len(t)), 0.0, 0.0, 1.0]) for t in request.texts]
+        return embedder_pb2.EmbedResponse(vectors=vectors, model="fake")
+
+
+class FakeIndex(index_pb2_grpc.IndexServiceServicer):
+    def __init__(self, fakes: Fakes, shard: int) -> None:
+        self.fakes = fakes
+        self.shard = shard
+
+    def register(self, server: aio.Server) -> None:
+        index_pb2_grpc.add_IndexServiceServicer_to_server(self, server)
+
+    async def Search(self, request: Any, context: aio.ServicerContext) -> index_pb2.SearchResponse:
+        await self.fakes.act(f"index-{self.shard}", request, context)
+        names = sorted(SHARD_CHUNKS[self.shard], key=lambda n: -DENSE_SCORES[n])[: request.top_k]
+        hits = [
+            index_pb2.SearchHit(chunk_id=CHUNK_ID[n], doc_id=DOC_OF[n], score=DENSE_SCORES[n]) for n in names
+        ]
+        return index_pb2.SearchResponse(hits=hits, shard=self.shard)
+
+
+class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
+    def __init__(self, fakes: Fakes) -> None:
+        self.fakes = fakes
+
+    async def SearchBm25(self, request: Any, context: aio.ServicerContext) -> sparse_pb2.SearchBm25Response:
+        await self.fakes.act("bm25", request, context)
+        return sparse_pb2.SearchBm25Response(hits=sparse_hits(BM25_RANKING))
+
+    async def SearchExact(self, request: Any, context: aio.ServicerContext) -> sparse_pb2.SearchExactResponse:
+        await self.fakes.act("exact", request, context)
+        return sparse_pb2.SearchExactResponse(hits=sparse_hits(EXACT_RANKING))
+
+    async def GetChunks(self, request: Any, context: aio.ServicerContext) -> sparse_pb2.GetChunksResponse:
+        await self.fakes.act("chunks", request, context)
+        chunks = [
+            sparse_pb2.ChunkText(
+                chunk_id=cid,
+                doc_id=DOC_OF[NAME_OF[cid]],
+                title=f"Title of {NAME_OF[cid]}",
+                text=f"text of {NAME_OF[cid]}",
+                location=common_pb2.ChunkLocation(heading_path=["H"], ordinal=1),
+            )
+            for cid in request.chunk_ids
+            if cid in NAME_OF
+        ]
+        return sparse_pb2.GetChunksResponse(chunks=chunks)
+
+
+async def _server(*adders: Any) -> tuple[aio.Server, str]:
+    server = aio.server()
+    for add in adders:
+        add(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+@dataclass
+class Gateway:
+    stub: gateway_pb2_grpc.GatewayServiceStub
+    fakes: Fakes
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[Gateway]:
+    fakes = Fakes()
+    mesh, mesh_address = await _server(
+        lambda s: planner_pb2_grpc.add_PlannerServiceServicer_to_server(FakePlanner(fakes), s),
+        lambda s: embedder_pb2_grpc.add_EmbedderServiceServicer_to_server(FakeEmbedder(fakes), s),
+        lambda s: sparse_pb2_grpc.add_SparseServiceServicer_to_server(FakeSparse(fakes), s),
+    )
+    shards = [await _server(FakeIndex(fakes, i).register) for i in range(2)]
+    settings = GatewaySettings(
+        port=0,
+        log_format="text",
+        planner_address=mesh_address,
+        embedder_address=mesh_address,
+        sparse_address=mesh_address,
+        index_addresses=",".join(address for _, address in shards),
+        client_retry_backoff_s=0.01,
+        breaker_fail_max=5,
+        breaker_reset_s=60,
+    )
+    running = await start_service(build_spec(settings), settings)
+    async with aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        yield Gateway(gateway_pb2_grpc.GatewayServiceStub(channel), fakes)
+    await running.stop(0)
+    for server in [mesh, *(s for s, _ in shards)]:
+        await server.stop(0)

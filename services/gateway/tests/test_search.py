@@ -1,0 +1,202 @@
+"""The gateway against fake downstreams on real gRPC servers: fusion end to end, and every
+failure path (failing leg, slow leg cut at the deadline, open breaker, nothing left)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+from ragmesh.embedder.v1 import embedder_pb2
+from ragmesh.gateway.v1 import gateway_pb2 as pb
+from ragmesh.planner.v1 import planner_pb2
+
+from .conftest import CHUNK_ID, COLLECTION, NAME_OF, Gateway
+
+DENSE, BM25, EXACT = pb.LEG_DENSE, pb.LEG_BM25, pb.LEG_EXACT
+
+
+async def search(gateway: Gateway, timeout: float = 10.0, **fields: Any) -> pb.SearchResponse:
+    request = pb.SearchRequest(**{"collection": COLLECTION, "query": "what is a zx-81", **fields})
+    return await gateway.stub.Search(request, timeout=timeout)
+
+
+def names(response: pb.SearchResponse) -> list[str]:
+    return [NAME_OF[r.chunk_id] for r in response.results]
+
+
+def ranks(result: pb.SearchResult) -> dict[int, int]:
+    return {r.leg: r.rank for r in result.leg_ranks}
+
+
+def degradations(response: pb.SearchResponse) -> list[tuple[int, int, list[int]]]:
+    return [(d.stage, d.reason, list(d.legs)) for d in response.degradations]
+
+
+async def test_whole_search_fuses_every_leg_and_hydrates(gateway: Gateway) -> None:
+    response = await search(gateway, include_leg_results=True, pool_size=30, doc_ids=["alpha.md", "delta.md"])
+    # dense c0 c1 c2 c3, bm25 c2 c0 c4, exact c4 (weight 0.3): see conftest for the lists.
+    assert names(response) == ["c0", "c2", "c4", "c1", "c3"]
+    assert not response.degradations
+    top = response.results[0]
+    assert ranks(top) == {DENSE: 1, BM25: 2}
+    assert [r.leg for r in top.leg_ranks] == [DENSE, BM25]
+    assert top.leg_ranks[0].score == pytest.approx(0.9)
+    assert top.fused_score == pytest.approx(1 / 61 + 1 / 62)
+    assert ranks(response.results[2]) == {BM25: 3, EXACT: 1}
+    assert (top.doc_id, top.title, top.text) == ("alpha.md", "Title of c0", "text of c0")
+    assert list(top.location.heading_path) == ["H"]
+    assert response.plan.planner == "deterministic" and list(response.plan.hard_keywords) == ["ZX-81"]
+    assert {t.stage for t in response.timings} == {
+        "planner", "embed", "dense", "bm25", "exact", "fuse", "hydrate", "total",
+    }  # fmt: skip
+    assert [lr.leg for lr in response.leg_results] == [DENSE, BM25, EXACT]
+    assert [NAME_OF[h.chunk_id] for h in response.leg_results[0].hits] == ["c0", "c1", "c2", "c3"]
+
+    fakes = gateway.fakes
+    embed = fakes.requests["embedder"][0]
+    assert embed.kind == embedder_pb2.TEXT_KIND_QUERY
+    assert list(embed.texts) == ["what is a zx-81", "what is a zx-81 rephrased"]
+    assert fakes.calls["index-0"] == fakes.calls["index-1"] == 2  # one per shard and variation
+    for key in ("index-0", "index-1", "bm25", "exact"):
+        leg_request = fakes.requests[key][0]
+        assert leg_request.top_k == 30 and list(leg_request.doc_ids) == ["alpha.md", "delta.md"]
+    assert list(fakes.requests["exact"][0].keywords) == ["ZX-81"]
+    assert fakes.calls["chunks"] == 1
+
+
+async def test_collapse_weights_and_top_k(gateway: Gateway) -> None:
+    collapsed = await search(gateway, collapse_documents=True)
+    assert names(collapsed) == ["c0", "c4", "c1", "c3"]  # c2 shares alpha.md with c0
+    dense_only = await search(gateway, weights=pb.LegWeights(bm25=0, exact=0), top_k=2, rrf_k=1)
+    assert names(dense_only) == ["c0", "c1"]
+    assert dense_only.results[0].fused_score == pytest.approx(1 / 2)
+    assert gateway.fakes.calls["bm25"] == 1  # only the first search ran the disabled legs
+    exact_heavy = await search(gateway, weights=pb.LegWeights(exact=10))
+    assert names(exact_heavy)[0] == "c4"
+
+
+async def test_sparse_down_is_one_degradation_and_then_breaker_open(gateway: Gateway) -> None:
+    for key in ("bm25", "exact", "chunks"):
+        gateway.fakes.behaviour[key] = "fail"
+    first = await search(gateway)
+    assert names(first) == ["c0", "c1", "c2", "c3"]
+    assert all(not r.text for r in first.results)
+    assert len(first.degradations) == 1
+    stage, reason, legs = degradations(first)[0]
+    assert stage == pb.STAGE_SPARSE and sorted(legs) == [BM25, EXACT]
+    assert reason in (pb.DEGRADATION_REASON_UNAVAILABLE, pb.DEGRADATION_REASON_BREAKER_OPEN)
+    calls = gateway.fakes.calls["bm25"]
+    second = await search(gateway)
+    assert degradations(second) == [(pb.STAGE_SPARSE, pb.DEGRADATION_REASON_BREAKER_OPEN, [BM25, EXACT])]
+    assert gateway.fakes.calls["bm25"] == calls  # the open breaker refused without calling
+
+
+async def test_one_shard_down_dense_answers_from_the_others(gateway: Gateway) -> None:
+    gateway.fakes.behaviour["index-1"] = "fail"
+    response = await search(gateway)
+    assert degradations(response) == [(pb.STAGE_INDEX, pb.DEGRADATION_REASON_UNAVAILABLE, [DENSE])]
+    assert "index-1" in response.degradations[0].message
+    dense = [NAME_OF[r.chunk_id] for r in response.results if DENSE in ranks(r)]
+    assert dense == ["c0", "c2"]
+
+
+async def test_embedder_down_skips_dense(gateway: Gateway) -> None:
+    gateway.fakes.behaviour["embedder"] = "fail"
+    response = await search(gateway)
+    assert degradations(response) == [(pb.STAGE_EMBEDDER, pb.DEGRADATION_REASON_UNAVAILABLE, [DENSE])]
+    assert names(response) == ["c4", "c2", "c0"]  # c4: bm25 3rd + exact 1st
+    assert gateway.fakes.calls["index-0"] == 0
+
+
+async def test_planner_down_falls_back_to_the_query_alone(gateway: Gateway) -> None:
+    gateway.fakes.behaviour["planner"] = "fail"
+    response = await search(gateway, strategy=planner_pb2.STRATEGY_EXHAUSTIVE)
+    assert degradations(response) == [(pb.STAGE_PLANNER, pb.DEGRADATION_REASON_UNAVAILABLE, [EXACT])]
+    assert response.plan.planner == "fallback" and response.plan.pool_size == 80
+    assert list(response.plan.variations) == ["what is a zx-81"]
+    assert gateway.fakes.calls["exact"] == 0
+    assert names(response) == ["c0", "c2", "c1", "c4", "c3"]
+
+
+async def test_slow_leg_is_cut_at_the_deadline_and_the_answer_arrives_in_time(gateway: Gateway) -> None:
+    gateway.fakes.behaviour["bm25"] = "slow"
+    started = time.monotonic()
+    response = await search(gateway, timeout=1.0)
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.0
+    assert degradations(response) == [(pb.STAGE_SPARSE, pb.DEGRADATION_REASON_DEADLINE, [BM25])]
+    assert names(response) == ["c0", "c1", "c2", "c3", "c4"]  # dense, then exact's c4
+    assert response.results[0].text == "text of c0"
+
+
+async def test_slow_shard_costs_only_its_own_hits(gateway: Gateway) -> None:
+    gateway.fakes.behaviour["index-1"] = "slow"
+    started = time.monotonic()
+    response = await search(gateway, timeout=0.8)
+    assert time.monotonic() - started < 0.8
+    assert degradations(response) == [(pb.STAGE_INDEX, pb.DEGRADATION_REASON_DEADLINE, [DENSE])]
+    assert "index-1" in response.degradations[0].message
+    assert [NAME_OF[r.chunk_id] for r in response.results if DENSE in ranks(r)] == ["c0", "c2"]
+
+
+async def test_every_leg_failing_is_unavailable(gateway: Gateway) -> None:
+    for key in ("embedder", "bm25", "exact"):
+        gateway.fakes.behaviour[key] = "fail"
+    with pytest.raises(aio.AioRpcError) as caught:
+        await search(gateway)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "embedder" in (caught.value.details() or "") and "sparse" in (caught.value.details() or "")
+
+
+async def test_every_leg_slow_is_deadline_exceeded_in_time(gateway: Gateway) -> None:
+    for key in ("index-0", "index-1", "bm25", "exact"):
+        gateway.fakes.behaviour[key] = "slow"
+    started = time.monotonic()
+    with pytest.raises(aio.AioRpcError) as caught:
+        await search(gateway, timeout=0.6)
+    assert time.monotonic() - started < 0.7
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_hydration_failure_returns_bare_results(gateway: Gateway) -> None:
+    gateway.fakes.behaviour["chunks"] = "fail"
+    response = await search(gateway)
+    assert names(response) == ["c0", "c2", "c4", "c1", "c3"]
+    assert [(d.stage, list(d.legs)) for d in response.degradations] == [(pb.STAGE_SPARSE, [])]
+    assert "without text" in response.degradations[0].message and not response.results[0].text
+
+
+async def test_unknown_collection_is_not_found(gateway: Gateway) -> None:
+    for key in ("index-0", "index-1", "bm25", "exact"):
+        gateway.fakes.behaviour[key] = "missing"
+    with pytest.raises(aio.AioRpcError) as caught:
+        await search(gateway)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_shard_without_the_collection_is_not_a_degradation(gateway: Gateway) -> None:
+    gateway.fakes.behaviour["index-1"] = "missing"
+    response = await search(gateway)
+    assert not response.degradations
+    assert CHUNK_ID["c1"] not in {r.chunk_id for r in response.results}
+
+
+async def test_invalid_request_is_rejected_before_any_downstream(gateway: Gateway) -> None:
+    with pytest.raises(aio.AioRpcError) as caught:
+        await search(gateway, top_k=10_000)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not gateway.fakes.calls
+
+
+async def test_slow_sparse_also_cuts_hydration_and_still_answers_in_time(gateway: Gateway) -> None:
+    for key in ("bm25", "exact", "chunks"):
+        gateway.fakes.behaviour[key] = "slow"
+    started = time.monotonic()
+    response = await search(gateway, timeout=1.0)
+    assert time.monotonic() - started < 1.0
+    assert degradations(response) == [(pb.STAGE_SPARSE, pb.DEGRADATION_REASON_DEADLINE, [BM25, EXACT])]
+    assert "without text" in response.degradations[0].message
+    assert names(response) == ["c0", "c1", "c2", "c3"] and not response.results[0].text

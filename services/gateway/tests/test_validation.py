@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import grpc
+import pytest
+from meshkit.errors import ServiceError
+from meshkit.settings import GatewaySettings
+from ragmesh.gateway.v1 import gateway_pb2 as pb
+from ragmesh.planner.v1 import planner_pb2
+
+from services.gateway.validation import validate_search
+
+SETTINGS = GatewaySettings(
+    gateway_max_query_chars=50,
+    gateway_max_top_k=20,
+    gateway_max_variations=4,
+    gateway_max_pool_size=100,
+    gateway_max_doc_ids=2,
+    gateway_weight_exact=0.3,
+)
+
+
+def request(**fields: Any) -> pb.SearchRequest:
+    return pb.SearchRequest(**{"collection": "docs", "query": "what is rrf", **fields})
+
+
+def test_defaults_are_resolved() -> None:
+    params = validate_search(request(), SETTINGS)
+    assert params.top_k == 10
+    assert params.rrf_k == 60
+    assert params.weights == {"dense": 1.0, "bm25": 1.0, "exact": pytest.approx(0.3)}
+    assert params.pool_size == 0 and params.max_variations == 0
+
+
+def test_request_overrides_and_zero_weight_disables() -> None:
+    params = validate_search(
+        request(
+            top_k=20,
+            rrf_k=5,
+            weights=pb.LegWeights(bm25=0.0, exact=2.0),
+            doc_ids=["a.md", "a.md"],
+            strategy=planner_pb2.STRATEGY_EXHAUSTIVE,
+        ),
+        SETTINGS,
+    )
+    assert params.rrf_k == 5 and params.top_k == 20
+    assert params.weights == {"dense": 1.0, "bm25": 0.0, "exact": 2.0}
+    assert not params.enabled("bm25")
+    assert params.doc_ids == ["a.md"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"collection": ""}, "collection is required"),
+        ({"collection": "Bad Name"}, "collection"),
+        ({"query": "   "}, "query is empty"),
+        ({"query": "x" * 51}, "query length"),
+        ({"top_k": 21}, "top_k"),
+        ({"max_variations": 5}, "max_variations"),
+        ({"pool_size": 101}, "pool_size"),
+        ({"doc_ids": ["a", "b", "c"]}, "doc_ids"),
+        ({"doc_ids": ["../etc"]}, "doc_ids[0]"),
+        ({"weights": pb.LegWeights(dense=-1.0)}, "weights.dense"),
+        ({"weights": pb.LegWeights(bm25=math.nan)}, "weights.bm25"),
+        ({"weights": pb.LegWeights(exact=math.inf)}, "weights.exact"),
+        ({"weights": pb.LegWeights(dense=0, bm25=0, exact=0)}, "every leg weight is 0"),
+        ({"rrf_k": 0}, "rrf_k"),
+        ({"strategy": 7}, "strategy"),
+    ],
+)
+def test_invalid_requests_are_invalid_argument(fields: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ServiceError) as caught:
+        validate_search(request(**fields), SETTINGS)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert fragment in caught.value.message

@@ -1,0 +1,99 @@
+"""Search request validation: every field checked against the gateway's limits before any
+downstream sees it, and the request's options resolved against the server defaults."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from meshkit.errors import invalid_argument
+from meshkit.ids import doc_id_problem, validate_collection
+from meshkit.settings import GatewaySettings
+from ragmesh.gateway.v1 import gateway_pb2
+from ragmesh.planner.v1 import planner_pb2
+
+DENSE, BM25, EXACT = "dense", "bm25", "exact"
+LEGS = (DENSE, BM25, EXACT)
+DEFAULT_TOP_K = 10
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    collection: str
+    query: str
+    top_k: int
+    doc_ids: list[str]
+    collapse_documents: bool
+    rrf_k: int
+    # Leg name -> RRF weight; 0 disables the leg.
+    weights: dict[str, float]
+    strategy: planner_pb2.Strategy
+    # 0: the planner's default.
+    max_variations: int
+    include_leg_results: bool
+    # 0: the plan's pool size.
+    pool_size: int
+
+    def enabled(self, leg: str) -> bool:
+        return self.weights[leg] > 0
+
+
+def _bounded(value: int, limit: int, what: str) -> int:
+    if value > limit:
+        raise invalid_argument(f"{what} is {value}, the limit is {limit}")
+    return value
+
+
+def _weights(request: gateway_pb2.SearchRequest, settings: GatewaySettings) -> dict[str, float]:
+    given = request.weights
+    defaults = {
+        DENSE: settings.gateway_weight_dense,
+        BM25: settings.gateway_weight_bm25,
+        EXACT: settings.gateway_weight_exact,
+    }
+    weights: dict[str, float] = {}
+    for leg in LEGS:
+        value = float(getattr(given, leg)) if given.HasField(leg) else defaults[leg]
+        if not math.isfinite(value) or value < 0:
+            raise invalid_argument(f"weights.{leg} must be a finite number >= 0, got {value}")
+        weights[leg] = value
+    if not any(weights.values()):
+        raise invalid_argument("every leg weight is 0: at least one leg must be enabled")
+    return weights
+
+
+def _doc_ids(raw: list[str], settings: GatewaySettings) -> list[str]:
+    _bounded(len(raw), settings.gateway_max_doc_ids, "the number of doc_ids")
+    for i, doc_id in enumerate(raw):
+        problem = doc_id_problem(doc_id)
+        if problem:
+            raise invalid_argument(f"doc_ids[{i}]: {problem}")
+    return list(dict.fromkeys(raw))
+
+
+def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySettings) -> SearchParams:
+    collection = validate_collection(request.collection)
+    if not request.query.strip():
+        raise invalid_argument("query is empty")
+    _bounded(len(request.query), settings.gateway_max_query_chars, "the query length in characters")
+    top_k = _bounded(request.top_k or DEFAULT_TOP_K, settings.gateway_max_top_k, "top_k")
+    max_variations = _bounded(request.max_variations, settings.gateway_max_variations, "max_variations")
+    pool_size = _bounded(request.pool_size, settings.gateway_max_pool_size, "pool_size")
+    if request.strategy not in planner_pb2.Strategy.values():
+        raise invalid_argument(f"strategy {request.strategy} is not a known Strategy")
+    rrf_k = request.rrf_k if request.HasField("rrf_k") else settings.gateway_rrf_k
+    if rrf_k < 1:
+        raise invalid_argument(f"rrf_k must be >= 1, got {rrf_k}")
+    return SearchParams(
+        collection=collection,
+        query=request.query,
+        top_k=top_k,
+        doc_ids=_doc_ids(list(request.doc_ids), settings),
+        collapse_documents=request.collapse_documents,
+        rrf_k=rrf_k,
+        weights=_weights(request, settings),
+        strategy=request.strategy,
+        max_variations=max_variations,
+        include_leg_results=request.include_leg_results,
+        pool_size=pool_size,
+    )
