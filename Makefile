@@ -63,7 +63,7 @@ fmt: setup
 	$(BIN)/ruff check --fix .
 
 typecheck: setup
-	$(BIN)/mypy libs/meshkit services cli/ragmesh_cli
+	$(BIN)/mypy libs/meshkit services cli/ragmesh_cli bench
 
 check: lint typecheck buf-check proto-check breaking
 
@@ -95,6 +95,7 @@ demo: setup
 bench: setup
 	$(PY) -m bench.exact_bench --corpus $(SCIFACT)/corpus.jsonl.gz
 	$(PY) -m bench.ingest_bench --dataset $(SCIFACT)
+	$(PY) -m bench.search_bench --dataset $(SCIFACT)
 
 lock:
 	@echo "edit requirements.lock by hand or from 'pip freeze' of a working venv (torch excluded)"

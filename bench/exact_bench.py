@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 from meshkit.ids import chunk_id_for
-
 from services.sparse.collection import ChunkRecord, Collection, DocumentUpdate
 from services.sparse.exact import Keyword, find_ripgrep, normalise_keywords, rank, ripgrep_counts
 from services.sparse.servicer import exact_phrase

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from grpc import aio
+
 from meshkit.settings import EmbedderSettings, IngestionSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from ragmesh_cli.stack import Stack
-
 from services.embedder.model import EmbeddingModel, TextKind
 from services.ingestion.chunking import Chunker
 from services.ingestion.normalize import normalize
@@ -38,7 +38,7 @@ from services.ingestion.normalize import normalize
 
 def load_corpus(corpus: Path) -> list[dict[str, str]]:
     opener = gzip.open if corpus.suffix == ".gz" else open
-    with opener(corpus, "rt", encoding="utf-8") as handle:  # type: ignore[operator]
+    with opener(corpus, "rt", encoding="utf-8") as handle:
         rows = [json.loads(line) for line in handle if line.strip()]
     return [{"_id": r["_id"], "title": r.get("title", ""), "text": r.get("text", "")} for r in rows]
 
@@ -51,7 +51,7 @@ def corpus_file(dataset: Path, limit: int, scratch: Path) -> Path:
         return source
     opener = gzip.open if source.suffix == ".gz" else open
     target = scratch / "corpus.jsonl"
-    with opener(source, "rt", encoding="utf-8") as src, target.open("w", encoding="utf-8") as dst:  # type: ignore[operator]
+    with opener(source, "rt", encoding="utf-8") as src, target.open("w", encoding="utf-8") as dst:
         for i, line in enumerate(src):
             if i >= limit:
                 break
@@ -68,7 +68,7 @@ def chunk_texts(docs: list[dict[str, str]]) -> list[str]:
         settings.ingest_chunk_overlap_tokens,
         settings.ingest_model_max_tokens,
     )
-    texts = []
+    texts: list[str] = []
     for doc in docs:
         normalized = normalize(doc["text"].encode(), ingestion_pb2.DOCUMENT_FORMAT_TEXT, doc["title"])
         texts.extend(c.text for c in chunker.chunk(normalized.markdown, normalized.title))
