@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpc import aio
-from meshkit.client import channel_options
-from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from tqdm import tqdm
 
+from meshkit.client import channel_options
+from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli import documents
 from ragmesh_cli.documents import DetectFormat, WalkStats
 

@@ -1,4 +1,5 @@
-"""``ragmesh``: run the local mesh and operate it (ingest, delete, dead letters, status, config).
+"""``ragmesh``: run the local mesh and operate it (ingest, search, eval, delete, dead letters,
+status, config).
 
 Addresses come from ``<state_dir>/stack.json`` (written by ``ragmesh up``); a RAGMESH_*_ADDRESS
 variable overrides them, so the same commands work against a remote deployment.
@@ -17,16 +18,17 @@ from typing import Any
 
 import grpc
 from grpc import aio
+
 from meshkit.client import channel_options
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-
+from ragmesh_cli import evaluation, search
 from ragmesh_cli.documents import InputError
 from ragmesh_cli.stack import ALL_SERVICES, ProcessStatus, Stack, StackError, read_state, stack_is_running
 
 DEFAULT_STATE_DIR = ".ragmesh"
 RPC_TIMEOUT_S = 60.0
 # Env override and stack.json component name for each downstream a command may call.
-ADDRESS_ENV = {"ingestion": "RAGMESH_INGESTION_ADDRESS"}
+ADDRESS_ENV = {"ingestion": "RAGMESH_INGESTION_ADDRESS", "gateway": "RAGMESH_GATEWAY_ADDRESS"}
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -48,7 +50,10 @@ def resolve_address(component: str, state_dir: Path) -> str:
             return f"127.0.0.1:{comp['ports']['main']}"
     from meshkit.settings import MeshSettings
 
-    return str(MeshSettings.model_fields[f"{component}_address"].default)
+    default = MeshSettings.model_fields.get(f"{component}_address")
+    if default is None:
+        raise RuntimeError(f"no {component} address: start the stack or set {ADDRESS_ENV[component]}")
+    return str(default.default)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -151,6 +156,21 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             wait=args.wait,
             timeout_s=args.timeout,
             max_in_flight=args.in_flight,
+        )
+    )
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    return asyncio.run(search.run_search(args, resolve_address("gateway", state_dir_of(args))))
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    if args.compare:
+        return evaluation.run_compare(args)
+    state_dir = state_dir_of(args)
+    return asyncio.run(
+        evaluation.run_eval(
+            args, resolve_address("gateway", state_dir), resolve_address("ingestion", state_dir)
         )
     )
 
@@ -313,6 +333,16 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--timeout", type=float, default=1800.0, help="seconds --wait waits (default 1800)")
     ingest.add_argument("--in-flight", type=int, default=4, help="concurrent IngestDocuments requests")
     ingest.set_defaults(func=cmd_ingest)
+
+    search_parser = sub.add_parser("search", parents=[common], help="search a collection through the gateway")
+    search.add_arguments(search_parser)
+    search_parser.set_defaults(func=cmd_search)
+
+    eval_parser = sub.add_parser(
+        "eval", parents=[common], help="retrieval quality on a BEIR dataset, or compare two saved runs"
+    )
+    evaluation.add_arguments(eval_parser)
+    eval_parser.set_defaults(func=cmd_eval)
 
     delete = sub.add_parser("delete", parents=[common], help="delete documents from a collection")
     delete.add_argument("doc_ids", nargs="+", metavar="DOC_ID")

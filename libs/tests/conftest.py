@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from grpc import aio
+
 from meshkit.interceptors import deadline_var
 from meshkit.logs import current_request_id
 from meshkit.server import RunningService, ServiceSpec, start_service

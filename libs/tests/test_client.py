@@ -10,11 +10,12 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
+
 from meshkit.client import ClientPolicy, Downstream, DownstreamError, check_health, remaining_budget
 from meshkit.errors import ServiceError, invalid_argument, unavailable
 from meshkit.interceptors import deadline_var
 from meshkit.logs import REQUEST_ID_HEADER, current_request_id, request_id_var
-from prometheus_client import REGISTRY
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 
 REQUEST = embedder_pb2.EmbedRequest(texts=["q"])

@@ -4,6 +4,7 @@ import collections
 
 import grpc
 import pytest
+
 from meshkit.errors import ServiceError
 from meshkit.ids import (
     MAX_COLLECTION_CHARS,

@@ -5,9 +5,10 @@ import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
+
 from meshkit.client import ClientPolicy
 from meshkit.settings import EmbedderSettings, IngestionSettings, MeshSettings
-from pydantic import ValidationError
 
 
 @pytest.fixture(autouse=True)

@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-from meshkit.errors import unavailable
 from prometheus_client import Counter, Gauge, Histogram
 
+from meshkit.errors import unavailable
 from services.embedder.model import TextKind
 
 log = logging.getLogger("ragmesh.embedder.batcher")

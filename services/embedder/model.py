@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from meshkit.settings import EmbedderSettings
 from tokenizers import Encoding, Tokenizer
+
+from meshkit.settings import EmbedderSettings
 
 log = logging.getLogger("ragmesh.embedder.model")
 

@@ -19,12 +19,12 @@ import logging
 from collections.abc import Sequence
 
 from grpc import aio
+
 from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
 from meshkit.server import ServiceSpec
 from meshkit.settings import EmbedderSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
-
 from services.embedder.batcher import MicroBatcher
 from services.embedder.model import EmbeddingModel, TextKind
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+
 from meshkit.client import ClientPolicy, Downstream, DownstreamError
 from meshkit.errors import deadline_exceeded, not_found, unavailable
 from meshkit.interceptors import deadline_var
@@ -25,7 +26,6 @@ from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
-
 from services.gateway import metrics
 from services.gateway.fusion import Fused, Hit, collapse_documents, combine_variations, merge_by_score, rrf
 from services.gateway.validation import BM25, DENSE, EXACT, LEGS, SearchParams

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 from grpc import aio
+
 from meshkit.errors import unavailable
 from meshkit.server import ServiceSpec
 from meshkit.settings import GatewaySettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-
 from services.gateway import metrics
 from services.gateway.fusion import Fused, Hit
 from services.gateway.search import (

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from meshkit.server import run_service
 from meshkit.settings import IndexSettings
-
 from services.index.servicer import build_spec
 
 

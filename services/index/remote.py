@@ -20,7 +20,6 @@ from pathlib import Path
 
 from meshkit.objectstore import ObjectStore
 from meshkit.settings import IndexSettings
-
 from services.index.snapshots import install_packed, pack, sha256_file
 
 log = logging.getLogger(__name__)

@@ -7,12 +7,12 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 from grpc import aio
+
 from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
 from meshkit.ids import doc_id_problem, shard_of, validate_chunk_id, validate_collection
 from meshkit.server import ServiceSpec
 from meshkit.settings import IndexSettings
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
-
 from services.index import mutations as mut
 from services.index.remote import SnapshotRemote
 from services.index.shard import IndexShard

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+
 from meshkit.errors import not_found
 from meshkit.ids import validate_collection
 from meshkit.settings import IndexSettings
-
 from services.index import mutations as mut
 from services.index.metrics import RESTORES, UPLOADS
 from services.index.remote import SnapshotRemote

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from meshkit.errors import failed_precondition
 
+from meshkit.errors import failed_precondition
 from services.index import mutations as mut
 from services.index.backends import (
     Backend,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from meshkit.server import ServiceSpec, run_service
 from meshkit.settings import IngestionSettings
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-
 from services.ingestion.servicer import IngestionServicer
 
 

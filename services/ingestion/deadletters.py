@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import nats.js.errors
-from meshkit.settings import IngestionSettings
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from meshkit.settings import IngestionSettings
 from services.ingestion.events import DLQ_SUBJECT_PREFIX, IngestEvent, MalformedEvent
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ import pdfplumber
 from bs4 import BeautifulSoup, Comment
 from markdownify import ATX, MarkdownConverter
 from pdfminer.pdftypes import resolve1
+
 from ragmesh.ingestion.v1 import ingestion_pb2
 
 DEFAULT_MAX_PDF_PAGES = 2000

@@ -16,16 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Counter, Histogram
+
 from meshkit.client import Downstream, DownstreamError
 from meshkit.ids import chunk_id_for, doc_key, sha256_hex, shard_of
 from meshkit.objectstore import ObjectNotFound, ObjectStore
 from meshkit.settings import IngestionSettings
-from prometheus_client import Counter, Histogram
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
-
 from services.ingestion.chunking import ChunkDraft, Chunker
 from services.ingestion.events import IngestEvent
 from services.ingestion.normalize import DocumentError, normalize

@@ -12,15 +12,15 @@ from dataclasses import dataclass
 import grpc
 import nats
 from google.protobuf.timestamp_pb2 import Timestamp
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from prometheus_client import Counter
+
 from meshkit.errors import ServiceError, invalid_argument, not_found, resource_exhausted, unavailable
 from meshkit.ids import doc_id_problem, doc_key, sha256_hex, validate_collection, validate_doc_id
 from meshkit.objectstore import ObjectStore
 from meshkit.settings import IngestionSettings
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
-from prometheus_client import Counter
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-
 from services.ingestion.deadletters import DeadLetters
 from services.ingestion.events import IngestEvent, object_key_for
 from services.ingestion.normalize import detect_format, document_problem

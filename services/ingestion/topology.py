@@ -5,7 +5,6 @@ needs them, so a fresh NATS server (or a new cluster) is set up by starting the 
 from __future__ import annotations
 
 import nats.js.errors
-from meshkit.settings import IngestionSettings
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -17,6 +16,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from meshkit.settings import IngestionSettings
 from services.ingestion.events import DLQ_SUBJECT_PREFIX, SUBJECT_PREFIX
 
 # Client retries of a publish within this window are dropped by the server (Nats-Msg-Id).

@@ -24,20 +24,20 @@ from dataclasses import dataclass
 
 import nats
 import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from prometheus_client import Gauge
+
 from meshkit.client import ClientPolicy, Downstream
 from meshkit.ids import doc_key
 from meshkit.logs import new_request_id, request_id_var
 from meshkit.objectstore import ObjectStore
 from meshkit.server import ServiceSpec, run_service
 from meshkit.settings import IngestionSettings
-from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from prometheus_client import Gauge
 from ragmesh.embedder.v1 import embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2_grpc
-
 from services.ingestion.chunking import Chunker
 from services.ingestion.deadletters import DeadLetters
 from services.ingestion.events import IngestEvent, MalformedEvent

@@ -4,11 +4,11 @@ maps it to the wire. Planners know nothing of protobuf (see ``plan.py``)."""
 from __future__ import annotations
 
 from grpc import aio
+
 from meshkit.errors import invalid_argument
 from meshkit.server import ServiceSpec
 from meshkit.settings import PlannerSettings
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
-
 from services.planner import metrics
 from services.planner.deterministic import DeterministicPlanner, PoolSizes
 from services.planner.plan import HydeMode, PlanInput, Planner, RetrievalPlan, Strategy

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from meshkit.server import run_service
 from meshkit.settings import SparseSettings
-
 from services.sparse.servicer import build_spec
 
 

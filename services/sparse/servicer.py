@@ -9,13 +9,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from grpc import aio
+
 from meshkit.errors import deadline_exceeded, invalid_argument, not_found, resource_exhausted
 from meshkit.ids import validate_chunk_id, validate_collection, validate_doc_id
 from meshkit.server import ServiceSpec
 from meshkit.settings import SparseSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
-
 from services.sparse import metrics
 from services.sparse.collection import ChunkRecord, Collection, DocumentUpdate, Hit
 from services.sparse.exact import (

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
 from ragmesh_cli.stack import ALL_SERVICES, Stack, available_services
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import grpc
 from grpc import aio
+
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from grpc import aio
+
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh_cli.stack import Stack

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from grpc import aio
+
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from ragmesh_cli.stack import Stack

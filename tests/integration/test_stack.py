@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from minio import Minio
 from minio.error import S3Error
+
 from ragmesh_cli import procutil
 from ragmesh_cli.main import main
 from ragmesh_cli.stack import (

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli import ingest, procutil
 from ragmesh_cli.documents import WalkStats

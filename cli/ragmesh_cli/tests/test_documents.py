@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from meshkit.ids import doc_id_problem
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli import documents

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from meshkit.settings import EmbedderSettings
 
+from meshkit.settings import EmbedderSettings
 from services.embedder.model import EmbeddingModel
 
 

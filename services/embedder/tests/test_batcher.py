@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 import pytest
-from meshkit.errors import ServiceError
 
+from meshkit.errors import ServiceError
 from services.embedder.batcher import MicroBatcher
 from services.embedder.model import EmbeddingModel, TextKind
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from meshkit.settings import EmbedderSettings
 
+from meshkit.settings import EmbedderSettings
 from services.embedder.model import (
     CPU_PROVIDER,
     CUDA_PROVIDER,

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc import aio
+
 from meshkit.ids import chunk_id_for
 from meshkit.server import start_service
 from meshkit.settings import GatewaySettings
@@ -22,7 +23,6 @@ from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
-
 from services.gateway.servicer import build_spec
 
 COLLECTION = "docs"

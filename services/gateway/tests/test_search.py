@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc import aio
+
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.planner.v1 import planner_pb2

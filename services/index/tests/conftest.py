@@ -4,8 +4,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from meshkit.ids import chunk_id_for, shard_of
 
+from meshkit.ids import chunk_id_for, shard_of
 from services.index.mutations import ChunkBatch, Replacement
 from services.index.store import CollectionIndex, IndexPolicy
 

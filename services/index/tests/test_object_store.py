@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from meshkit.objectstore import ObjectStore
 from ragmesh.index.v1 import index_pb2
 

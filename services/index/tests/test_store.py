@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from meshkit.errors import ServiceError
 
+from meshkit.errors import ServiceError
 from services.index import store as store_module
 from services.index.backends import VectorTable
 from services.index.store import CollectionIndex

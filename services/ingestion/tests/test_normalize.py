@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from ragmesh.ingestion.v1 import ingestion_pb2 as pb
 
+from ragmesh.ingestion.v1 import ingestion_pb2 as pb
 from services.ingestion.normalize import (
     DocumentError,
     NormalizedDocument,

@@ -3,8 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from meshkit.ids import chunk_id_for
 
+from meshkit.ids import chunk_id_for
 from services.sparse.collection import ChunkRecord, Collection, DocumentUpdate
 
 COLLECTION = "test"

@@ -8,13 +8,13 @@ import grpc
 import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from meshkit.ids import chunk_id_for
 from meshkit.server import start_service
 from meshkit.settings import SparseSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.sparse.v1 import sparse_pb2 as pb
 from ragmesh.sparse.v1 import sparse_pb2_grpc
-
 from services.sparse.servicer import build_spec
 
 LIMITS = {

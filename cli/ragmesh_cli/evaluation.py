@@ -1,0 +1,514 @@
+"""``ragmesh eval``: retrieval quality of the live mesh on a BEIR-style dataset.
+
+Pipeline: load the dataset -> make sure the collection holds the whole corpus (ingesting it
+through the real ingestion pipeline when it does not) -> one gateway Search per judged query,
+with ``include_leg_results`` so every leg's own ranking comes from the same call -> per-system
+runs (``bm25``, ``dense``, ``exact``, ``fused``) -> metrics (see ``metrics``) -> a report.
+
+Systems are just named runs, so another one (e.g. a reranked list) is one more entry of
+``SYSTEMS`` filled in by ``runs_from_response``; a different query mode (e.g. answers) is another
+``collect`` function producing ``QueryOutcome``s.
+
+Doc ids: corpus ids go through the same sanitising as ``ragmesh ingest`` (documents.sanitize_doc_id)
+and qrels ids are mapped the same way, so they match what the gateway returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import gzip
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+from grpc import aio
+from tqdm import tqdm
+
+from meshkit.client import channel_options
+from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
+from ragmesh_cli import metrics
+from ragmesh_cli.documents import CORPUS_SUFFIXES, InputError, WalkStats, iter_documents, sanitize_doc_id
+from ragmesh_cli.search import LEG_NAMES, add_request_arguments, build_request, degradation_label, timeout_of
+from ragmesh_cli.search import request_settings as search_settings
+
+RUN_FORMAT = "ragmesh-eval-run/1"
+# Every system an eval reports, in report order; the per-leg names match LEG_NAMES.
+SYSTEMS: tuple[str, ...] = ("bm25", "dense", "exact", "fused")
+# Errors that say the whole eval is misconfigured: stop instead of scoring every query as a miss.
+FATAL_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
+)
+
+
+# ---------------------------------------------------------------------------- dataset
+
+
+@dataclass
+class BeirDataset:
+    name: str
+    root: Path
+    split: str
+    corpus_path: Path
+    # query id -> text, for the judged queries of the split, in qrels order
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    # judged queries of the split that queries.jsonl has no text for (they cannot be run)
+    missing_queries: list[str] = field(default_factory=list)
+
+
+def find_corpus(root: Path) -> Path:
+    for suffix in CORPUS_SUFFIXES:
+        if (root / suffix).is_file():
+            return root / suffix
+    raise InputError(f"{root}: no corpus.jsonl or corpus.jsonl.gz")
+
+
+def _open_text(path: Path) -> TextIO:
+    return (
+        gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else path.open(encoding="utf-8")
+    )
+
+
+def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    """``query-id corpus-id score`` TSV with a header line; doc ids sanitised like ingest does."""
+    qrels: dict[str, dict[str, int]] = {}
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.reader(handle, delimiter="\t")
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header[:3]] != ["query-id", "corpus-id", "score"]:
+            raise InputError(f"{path}: expected a header line 'query-id<TAB>corpus-id<TAB>score'")
+        for lineno, row in enumerate(reader, start=2):
+            if not row or not "".join(row).strip():
+                continue
+            if len(row) < 3:
+                raise InputError(f"{path}:{lineno}: expected 3 tab-separated columns")
+            try:
+                grade = int(float(row[2]))
+            except ValueError:
+                raise InputError(f"{path}:{lineno}: score {row[2]!r} is not a number") from None
+            qrels.setdefault(row[0].strip(), {})[sanitize_doc_id(row[1].strip())] = grade
+    return qrels
+
+
+def read_queries(path: Path, wanted: set[str]) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    with _open_text(path) as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
+            if not isinstance(record, dict) or "_id" not in record:
+                raise InputError(f"{path}:{lineno}: expected an object with an '_id'")
+            qid = str(record["_id"])
+            if qid in wanted:
+                queries[qid] = str(record.get("text") or "")
+    return queries
+
+
+def load_dataset(root: Path, split: str, limit: int | None = None) -> BeirDataset:
+    """The judged queries of ``split`` (those with at least one relevant document), in qrels order,
+    optionally only the first ``limit``; qrels are restricted to those queries."""
+    if not root.is_dir():
+        raise InputError(f"{root}: not a directory")
+    qrels_path = root / "qrels" / f"{split}.tsv"
+    if not qrels_path.is_file():
+        raise InputError(f"{qrels_path}: no qrels for split {split!r}")
+    queries_path = next(
+        (root / n for n in ("queries.jsonl", "queries.jsonl.gz") if (root / n).is_file()), None
+    )
+    if queries_path is None:
+        raise InputError(f"{root}: no queries.jsonl")
+    all_qrels = read_qrels(qrels_path)
+    judged = metrics.judged_queries(all_qrels)
+    texts = read_queries(queries_path, set(judged))
+    runnable = [q for q in judged if texts.get(q, "").strip()]
+    if limit is not None:
+        runnable = runnable[:limit]
+    return BeirDataset(
+        name=root.absolute().name,
+        root=root,
+        split=split,
+        corpus_path=find_corpus(root),
+        queries={q: texts[q] for q in runnable},
+        qrels={q: all_qrels[q] for q in runnable},
+        missing_queries=[q for q in judged if not texts.get(q, "").strip()],
+    )
+
+
+def _never_a_file(name: str, content: bytes) -> None:
+    """Only a corpus file is ingested here, and corpus records never go through format detection."""
+    return None
+
+
+def corpus_size(corpus_path: Path) -> int:
+    """Documents ``ragmesh ingest`` would send for the corpus (empty texts and duplicate ids skipped)."""
+    return sum(1 for _ in iter_documents([corpus_path], _never_a_file, WalkStats(), lambda _msg: None))
+
+
+# ---------------------------------------------------------------------------- ingestion
+
+
+async def indexed_count(address: str, collection: str) -> int:
+    async with aio.insecure_channel(address, options=channel_options()) as channel:
+        stub = ingestion_pb2_grpc.IngestionServiceStub(channel)
+        try:
+            status = await stub.GetCollectionStatus(
+                ingestion_pb2.GetCollectionStatusRequest(collection=collection), timeout=30.0
+            )
+        except aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return 0
+            raise
+        return int(status.indexed)
+
+
+async def ensure_ingested(
+    dataset: BeirDataset, collection: str, address: str, *, timeout_s: float, max_in_flight: int
+) -> None:
+    """Ingest the corpus unless the collection already has every document indexed. Re-submitting an
+    already indexed document is cheap (the service answers UNCHANGED), so a partial collection is
+    simply completed."""
+    from ragmesh_cli.ingest import run_ingest
+
+    expected = await asyncio.to_thread(corpus_size, dataset.corpus_path)
+    indexed = await indexed_count(address, collection)
+    if indexed >= expected:
+        if indexed > expected:
+            _note(f"collection {collection!r} has {indexed} documents, more than the corpus's {expected}")
+        return
+    _note(f"collection {collection!r} has {indexed} of {expected} documents indexed: ingesting the corpus")
+    # The ingest command reports on stdout; here stdout belongs to the eval report (e.g. --json).
+    with contextlib.redirect_stdout(sys.stderr):
+        code = await run_ingest(
+            address,
+            collection,
+            [dataset.corpus_path],
+            wait=True,
+            timeout_s=timeout_s,
+            detect=_never_a_file,
+            max_in_flight=max_in_flight,
+        )
+    if code != 0:
+        raise RuntimeError(f"ingesting {dataset.corpus_path} into {collection!r} did not complete")
+
+
+def _note(message: str) -> None:
+    tqdm.write(message, file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- querying
+
+
+@dataclass
+class QueryOutcome:
+    query_id: str
+    # system name -> ranked doc ids (documents, best first)
+    runs: dict[str, list[str]]
+    latency_ms: float
+    degradations: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def runs_from_response(response: gateway_pb2.SearchResponse) -> dict[str, list[str]]:
+    """Each system's ranked doc list: leg lists collapsed to documents by first occurrence, the
+    fused list as returned (already one per document with collapse_documents). A leg missing from
+    the response (disabled or degraded) gets an empty list."""
+    runs: dict[str, list[str]] = {name: [] for name in SYSTEMS}
+    for leg_result in response.leg_results:
+        name = LEG_NAMES.get(leg_result.leg)
+        if name is not None:
+            runs[name] = metrics.first_occurrence(hit.doc_id for hit in leg_result.hits)
+    runs["fused"] = metrics.first_occurrence(result.doc_id for result in response.results)
+    return runs
+
+
+async def collect(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    requests: Mapping[str, gateway_pb2.SearchRequest],
+    *,
+    timeout_s: float,
+    concurrency: int,
+) -> list[QueryOutcome]:
+    """Run every request with at most ``concurrency`` in flight. Transient failures (unavailable,
+    deadline, overload) are recorded and scored as empty rankings; a fatal one stops the eval."""
+    if concurrency < 1:
+        raise ValueError("--concurrency must be >= 1")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(query_id: str, request: gateway_pb2.SearchRequest) -> QueryOutcome:
+        async with gate:
+            started = time.perf_counter()
+            try:
+                response = await stub.Search(request, timeout=timeout_s)
+            except aio.AioRpcError as exc:
+                if exc.code() in FATAL_CODES:
+                    raise
+                elapsed = (time.perf_counter() - started) * 1000.0
+                empty: dict[str, list[str]] = {name: [] for name in SYSTEMS}
+                return QueryOutcome(query_id, empty, elapsed, error=f"{exc.code().name}: {exc.details()}")
+            elapsed = (time.perf_counter() - started) * 1000.0
+        labels = [degradation_label(d) for d in response.degradations]
+        return QueryOutcome(query_id, runs_from_response(response), elapsed, labels)
+
+    tasks = [asyncio.ensure_future(one(qid, req)) for qid, req in requests.items()]
+    outcomes: list[QueryOutcome] = []
+    try:
+        with tqdm(total=len(tasks), desc="queries", unit="q", file=sys.stderr) as bar:
+            for next_done in asyncio.as_completed(tasks):
+                outcomes.append(await next_done)
+                bar.update(1)
+    finally:
+        for task in tasks:
+            task.cancel()
+    order = {qid: i for i, qid in enumerate(requests)}
+    return sorted(outcomes, key=lambda o: order[o.query_id])
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def system_runs(outcomes: Sequence[QueryOutcome]) -> dict[str, dict[str, list[str]]]:
+    """system -> query id -> ranked doc ids."""
+    return {name: {o.query_id: o.runs.get(name, []) for o in outcomes} for name in SYSTEMS}
+
+
+def score_systems(
+    runs: Mapping[str, Mapping[str, Sequence[str]]], qrels: metrics.Qrels
+) -> dict[str, dict[str, dict[str, float]]]:
+    """system -> metric -> query id -> score."""
+    return {name: metrics.evaluate(run, qrels) for name, run in runs.items()}
+
+
+def build_report(
+    dataset: BeirDataset,
+    settings: Mapping[str, Any],
+    outcomes: Sequence[QueryOutcome],
+    per_query: Mapping[str, Mapping[str, Mapping[str, float]]],
+) -> dict[str, Any]:
+    latencies = [o.latency_ms for o in outcomes if o.error is None]
+    by_kind = Counter(label for o in outcomes for label in o.degradations)
+    errors = Counter((o.error or "").split(":", 1)[0] for o in outcomes if o.error)
+    report: dict[str, Any] = {
+        "dataset": dataset.name,
+        "dataset_path": str(dataset.root.absolute()),
+        "split": dataset.split,
+        "queries": len(outcomes),
+        "settings": dict(settings),
+    }
+    for name, scores in per_query.items():
+        entry: dict[str, Any] = {metric: metrics.mean(values.values()) for metric, values in scores.items()}
+        entry["queries"] = max((len(values) for values in scores.values()), default=0)
+        report[name] = entry
+    report["latency_ms"] = {
+        "p50": percentile(latencies, 50),
+        "p95": percentile(latencies, 95),
+        "mean": metrics.mean(latencies),
+    }
+    report["degraded"] = {
+        "responses": sum(1 for o in outcomes if o.degradations),
+        "by_kind": dict(sorted(by_kind.items())),
+    }
+    report["failed"] = {"queries": sum(errors.values()), "by_code": dict(sorted(errors.items()))}
+    if dataset.missing_queries:
+        report["skipped_queries_without_text"] = len(dataset.missing_queries)
+    return report
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    from ragmesh_cli.main import format_table
+
+    metric_names = list(metrics.STANDARD_METRICS)
+    systems = [name for name in SYSTEMS if name in report]
+    rows = [
+        (name, *(f"{report[name][m]:.4f}" for m in metric_names), report[name]["queries"]) for name in systems
+    ]
+    latency = report["latency_ms"]
+    lines = [
+        f"{report['dataset']} ({report['split']}): {report['queries']} queries",
+        "",
+        format_table(["SYSTEM", *(m.upper() for m in metric_names), "QUERIES"], rows),
+        "",
+        f"search latency: p50 {latency['p50']:.1f} ms, p95 {latency['p95']:.1f} ms",
+        f"degraded responses: {report['degraded']['responses']}",
+    ]
+    lines.extend(f"  {kind}: {count}" for kind, count in report["degraded"]["by_kind"].items())
+    if report["failed"]["queries"]:
+        lines.append(f"failed searches (scored as empty): {report['failed']['queries']}")
+        lines.extend(f"  {code}: {count}" for code, count in report["failed"]["by_code"].items())
+    return "\n".join(lines)
+
+
+def save_run(
+    path: Path,
+    report: Mapping[str, Any],
+    runs: Mapping[str, Mapping[str, Sequence[str]]],
+    per_query: Mapping[str, Mapping[str, Mapping[str, float]]],
+) -> None:
+    """Everything needed for a paired comparison later: the rankings and the per-query scores."""
+    payload = {"format": RUN_FORMAT, "report": report, "runs": runs, "per_query": per_query}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------- compare
+
+
+def load_run(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: cannot read run file ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
+        raise InputError(f"{path}: not a ragmesh eval run (format {RUN_FORMAT})")
+    return data
+
+
+def compare_runs(
+    run_a: Mapping[str, Any],
+    run_b: Mapping[str, Any],
+    systems: Sequence[str] | None = None,
+    metric_names: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """A paired bootstrap (B - A) for each system and metric both runs have."""
+    per_a, per_b = run_a["per_query"], run_b["per_query"]
+    rows: list[dict[str, Any]] = []
+    for system in systems or [s for s in per_a if s in per_b]:
+        if system not in per_a or system not in per_b:
+            raise InputError(f"system {system!r} is not in both runs")
+        for metric in metric_names or [m for m in per_a[system] if m in per_b[system]]:
+            result = metrics.paired_bootstrap(per_a[system][metric], per_b[system][metric])
+            rows.append({"system": system, "metric": metric, **result.to_dict()})
+    return rows
+
+
+def format_comparison(rows: Sequence[Mapping[str, Any]], name_a: str, name_b: str) -> str:
+    from ragmesh_cli.main import format_table
+
+    table = format_table(
+        ["SYSTEM", "METRIC", "A", "B", "B-A", "95% CI", "P", "QUERIES"],
+        [
+            (
+                r["system"],
+                r["metric"],
+                f"{r['mean_a']:.4f}",
+                f"{r['mean_b']:.4f}",
+                f"{r['mean_diff']:+.4f}",
+                f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]",
+                f"{r['p_value']:.3f}",
+                r["queries"],
+            )
+            for r in rows
+        ],
+    )
+    return f"A = {name_a}\nB = {name_b}\n\n{table}"
+
+
+# ---------------------------------------------------------------------------- command
+
+
+async def run_eval(args: argparse.Namespace, gateway_address: str, ingestion_address: str) -> int:
+    """The whole eval; exits 1 when some searches failed (they are scored as empty rankings)."""
+    if not args.dataset:
+        raise InputError("--dataset is required (or --compare RUN_A RUN_B)")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError("--limit must be >= 1")
+    dataset = await asyncio.to_thread(load_dataset, Path(args.dataset), args.split, args.limit)
+    if not dataset.queries:
+        raise InputError(f"{args.dataset}: no judged queries in split {args.split!r}")
+    collection = args.collection or dataset.name
+    timeout_s = timeout_of(args)
+    requests = {
+        qid: build_request(args, text, collection, collapse=True, include_leg_results=True)
+        for qid, text in dataset.queries.items()
+    }
+    if args.ingest:
+        await ensure_ingested(
+            dataset,
+            collection,
+            ingestion_address,
+            timeout_s=args.ingest_timeout,
+            max_in_flight=args.in_flight,
+        )
+    async with aio.insecure_channel(gateway_address, options=channel_options()) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        outcomes = await collect(stub, requests, timeout_s=timeout_s, concurrency=args.concurrency)
+    runs = system_runs(outcomes)
+    per_query = score_systems(runs, dataset.qrels)
+    settings = {
+        **search_settings(next(iter(requests.values())), timeout_s),
+        "concurrency": args.concurrency,
+        "limit": args.limit,
+    }
+    report = build_report(dataset, settings, outcomes, per_query)
+    if args.save_run:
+        save_run(Path(args.save_run), report, runs, per_query)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 1 if report["failed"]["queries"] else 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    path_a, path_b = (Path(p) for p in args.compare)
+    rows = compare_runs(load_run(path_a), load_run(path_b), args.systems, args.metrics)
+    if args.json:
+        print(json.dumps({"a": str(path_a), "b": str(path_b), "comparisons": rows}, indent=2))
+    else:
+        print(format_comparison(rows, str(path_a), str(path_b)))
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", default=None, metavar="DIR", help="BEIR-style dataset folder")
+    parser.add_argument("--split", default="test", help="qrels split (qrels/<split>.tsv; default test)")
+    add_request_arguments(parser, top_k=100, collection_default="the dataset folder's name")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N judged queries")
+    parser.add_argument("--concurrency", type=int, default=8, help="searches in flight (default 8)")
+    parser.add_argument(
+        "--no-ingest", dest="ingest", action="store_false", help="evaluate the collection as it is"
+    )
+    parser.add_argument("--ingest-timeout", type=float, default=3600.0, help="seconds to wait for indexing")
+    parser.add_argument("--in-flight", type=int, default=4, help="concurrent IngestDocuments requests")
+    parser.add_argument(
+        "--save-run", default=None, metavar="PATH", help="write per-query rankings and scores"
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        default=None,
+        metavar=("RUN_A", "RUN_B"),
+        help="paired bootstrap of two saved runs",
+    )
+    parser.add_argument("--systems", nargs="+", default=None, help="with --compare: systems to compare")
+    parser.add_argument("--metrics", nargs="+", default=None, help="with --compare: metrics to compare")
+    parser.add_argument("--json", action="store_true")
