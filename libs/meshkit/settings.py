@@ -149,7 +149,11 @@ class SparseSettings(MeshSettings):
     sparse_max_keywords: int = Field(32, description="Most keywords in one exact search.")
     sparse_max_query_chars: int = Field(4096, description="Longest BM25 query.")
     sparse_writer_heap_bytes: int = Field(64 * 1024 * 1024, description="tantivy writer memory.")
-    sparse_title_boost: float = Field(1.5, description="BM25 weight of a title match relative to body.")
+    sparse_title_boost: float = Field(
+        0.3,
+        description="BM25 weight of the title field. Chunk text already starts with the title, so a small "
+        "weight avoids counting it twice (SciFact train nDCG@10: 1.5 gave 0.627, 0.3 gave 0.696).",
+    )
     sparse_exact_timeout_s: float = Field(10.0, description="Longest ripgrep run of one exact search.")
     sparse_max_batch_chunks: int = Field(10_000, description="Most chunks or ids in one write or fetch.")
     sparse_max_chunk_chars: int = Field(1_000_000, description="Longest chunk title + text accepted.")
@@ -209,10 +213,14 @@ class GatewaySettings(MeshSettings):
         10_000, ge=1, description="Most doc_ids in a search filter (keep <= the sparse and index limits)."
     )
     gateway_max_keywords: int = Field(32, ge=1, description="Most plan keywords sent to the exact leg.")
-    gateway_rrf_k: int = Field(60, ge=1, description="Default RRF constant k.")
+    gateway_rrf_k: int = Field(
+        10, ge=1, description="Default RRF constant k (SciFact train: 10 beat the classic 60 by 0.013)."
+    )
     gateway_weight_dense: float = Field(1.0, ge=0, description="Default RRF weight of the dense leg.")
     gateway_weight_bm25: float = Field(1.0, ge=0, description="Default RRF weight of the BM25 leg.")
-    gateway_weight_exact: float = Field(0.3, ge=0, description="Default RRF weight of the exact leg.")
+    gateway_weight_exact: float = Field(
+        0.4, ge=0, description="Default RRF weight of the exact leg (tuned on SciFact train)."
+    )
     gateway_dense_combine: Literal["rrf", "max"] = Field(
         "rrf", description="How the dense leg merges its query variations: RRF of ranks or max cosine."
     )

@@ -163,6 +163,9 @@ async def gateway() -> AsyncIterator[Gateway]:
     settings = GatewaySettings(
         port=0,
         log_format="text",
+        # The expected fused scores in the tests are computed with these, not the tuned defaults.
+        gateway_rrf_k=60,
+        gateway_weight_exact=0.3,
         planner_address=mesh_address,
         embedder_address=mesh_address,
         sparse_address=mesh_address,

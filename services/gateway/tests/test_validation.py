@@ -29,8 +29,12 @@ def request(**fields: Any) -> pb.SearchRequest:
 def test_defaults_are_resolved() -> None:
     params = validate_search(request(), SETTINGS)
     assert params.top_k == 10
-    assert params.rrf_k == 60
-    assert params.weights == {"dense": 1.0, "bm25": 1.0, "exact": pytest.approx(0.3)}
+    assert params.rrf_k == SETTINGS.gateway_rrf_k
+    assert params.weights == {
+        "dense": SETTINGS.gateway_weight_dense,
+        "bm25": SETTINGS.gateway_weight_bm25,
+        "exact": pytest.approx(SETTINGS.gateway_weight_exact),
+    }
     assert params.pool_size == 0 and params.max_variations == 0
 
 
