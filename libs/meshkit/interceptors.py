@@ -95,6 +95,10 @@ class MeshServerInterceptor(aio.ServerInterceptor):
         if isinstance(exc, ServiceError):
             self._finish(method, exc.code, started, exc.message)
             await context.abort(exc.code, exc.message)
+        if isinstance(exc, NotImplementedError):
+            # A generated servicer method nobody implemented: say so, not INTERNAL.
+            self._finish(method, grpc.StatusCode.UNIMPLEMENTED, started, str(exc))
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented")
         if isinstance(exc, TimeoutError):
             self._finish(method, grpc.StatusCode.DEADLINE_EXCEEDED, started, str(exc))
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded in {method}")

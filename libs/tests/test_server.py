@@ -44,6 +44,16 @@ async def test_handler_runs_and_replies(start_fake: Any) -> None:
     assert served.fake.calls == 1
 
 
+async def test_unimplemented_method_is_unimplemented_not_internal(start_fake: Any) -> None:
+    served = await start_fake()  # the fake implements Embed only
+    async with aio.insecure_channel(served.address) as channel:
+        with pytest.raises(aio.AioRpcError) as err:
+            await embedder_pb2_grpc.EmbedderServiceStub(channel).GetModelInfo(
+                embedder_pb2.GetModelInfoRequest(), timeout=5
+            )
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 async def test_client_request_id_reaches_handler_and_comes_back(start_fake: Any) -> None:
     served = await start_fake()
     async with aio.insecure_channel(served.address) as channel:
