@@ -172,6 +172,9 @@ class IngestionSettings(MeshSettings):
     ingest_embed_batch: int = Field(64, description="Chunks per Embed call.")
     ingest_embed_concurrency: int = Field(4, description="Concurrent Embed calls per worker.")
     ingest_lease_s: float = Field(120.0, description="How long a worker's claim on a document lasts.")
+    ingest_batch_timeout_s: float = Field(
+        600.0, description="Watchdog: a batch not done by then is given up and its events redelivered."
+    )
     ingest_max_document_bytes: int = Field(20 * 1024 * 1024, description="Largest raw document.")
     ingest_max_documents_per_request: int = Field(512, description="Documents in one IngestDocuments.")
     ingest_max_chunks_per_document: int = Field(20_000, description="Chunks one document may produce.")

@@ -44,6 +44,9 @@ STAGE_SECONDS = Histogram(
 )
 
 
+CLEANUP_TIMEOUT_S = 60.0
+
+
 class JobFailure(Exception):
     """A document that could not be indexed. ``permanent``: retrying cannot help."""
 
@@ -122,6 +125,7 @@ class IngestPipeline:
         self.stores = stores
         self.chunker = chunker
         self._embed_slots = asyncio.Semaphore(max(1, settings.ingest_embed_concurrency))
+        self._cleanups: set[asyncio.Task[None]] = set()
 
     async def process(self, jobs: list[Job]) -> None:
         """Run every job to an outcome: on return each job either succeeded (``failure`` is
@@ -332,11 +336,22 @@ class IngestPipeline:
         except Exception as exc:
             job.failure = JobFailure(f"commit failed: {exc!r}", permanent=False)
             return
+        # Old raw bytes are only storage: their removal must never hold up acknowledging the event.
+        task = asyncio.create_task(self._cleanup(job))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _cleanup(self, job: Job) -> None:
         try:
-            await self._drop_superseded_objects(job)
+            await asyncio.wait_for(self._drop_superseded_objects(job), CLEANUP_TIMEOUT_S)
         except Exception as exc:
-            # Only storage is at stake: the next version's commit removes what is left.
+            # The next version's commit removes what is left.
             log.warning("could not remove old document objects", extra={"key": job.key, "error": repr(exc)})
+
+    async def close(self) -> None:
+        for task in list(self._cleanups):
+            task.cancel()
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
 
     async def _commit_record(self, job: Job) -> None:
         record = job.record or Versioned(None, 0)

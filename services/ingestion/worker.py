@@ -41,7 +41,7 @@ from ragmesh.sparse.v1 import sparse_pb2_grpc
 from services.ingestion.chunking import Chunker
 from services.ingestion.deadletters import DeadLetters
 from services.ingestion.events import IngestEvent, MalformedEvent
-from services.ingestion.pipeline import IngestPipeline, Job, Stores
+from services.ingestion.pipeline import IngestPipeline, Job, JobFailure, Stores
 from services.ingestion.state import (
     DELETE_TARGET,
     DELETED,
@@ -145,6 +145,8 @@ class IngestWorker:
             _done, pending = await asyncio.wait(self._loops, timeout=self.settings.shutdown_grace_s)
             for task in pending:
                 task.cancel()
+        if self.pipeline:
+            await self.pipeline.close()
         if self.stores:
             await self.stores.close()
         if self.nc:
@@ -186,8 +188,7 @@ class IngestWorker:
             jobs = [(msg, job) for msg, job in zip(msgs, claimed, strict=True) if isinstance(job, Job)]
             heartbeat = asyncio.create_task(self._heartbeat(jobs))
             try:
-                assert self.pipeline is not None
-                await self.pipeline.process([job for _msg, job in jobs])
+                await self._process([job for _msg, job in jobs])
             finally:
                 heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -197,6 +198,19 @@ class IngestWorker:
             self._held.difference_update(job.key for _msg, job in jobs)
             IN_FLIGHT.dec(len(msgs))
             request_id_var.reset(token)
+
+    async def _process(self, jobs: list[Job]) -> None:
+        """The pipeline under a watchdog: a batch stuck on a hung downstream is given up and
+        its events come back, instead of holding its documents PROCESSING forever."""
+        assert self.pipeline is not None
+        try:
+            await asyncio.wait_for(self.pipeline.process(jobs), self.settings.ingest_batch_timeout_s)
+        except TimeoutError:
+            log.error("batch timed out", extra={"documents": len(jobs)})
+            for job in jobs:
+                job.failure = job.failure or JobFailure(
+                    f"batch did not finish within {self.settings.ingest_batch_timeout_s}s", permanent=False
+                )
 
     # --- claims ----------------------------------------------------------------------------
 
