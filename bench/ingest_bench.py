@@ -16,8 +16,6 @@ import gzip
 import json
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +23,11 @@ from typing import Any
 
 from grpc import aio
 
+from bench.common import cli_ingest, collection_counts, corpus_file
 from meshkit.settings import EmbedderSettings, IngestionSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
-from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
+from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from ragmesh_cli.stack import Stack
 from services.embedder.model import EmbeddingModel, TextKind
@@ -41,22 +40,6 @@ def load_corpus(corpus: Path) -> list[dict[str, str]]:
     with opener(corpus, "rt", encoding="utf-8") as handle:
         rows = [json.loads(line) for line in handle if line.strip()]
     return [{"_id": r["_id"], "title": r.get("title", ""), "text": r.get("text", "")} for r in rows]
-
-
-def corpus_file(dataset: Path, limit: int, scratch: Path) -> Path:
-    """The dataset's corpus, or its first ``limit`` documents written to a scratch file."""
-    source = dataset / "corpus.jsonl.gz"
-    source = source if source.exists() else dataset / "corpus.jsonl"
-    if not limit:
-        return source
-    opener = gzip.open if source.suffix == ".gz" else open
-    target = scratch / "corpus.jsonl"
-    with opener(source, "rt", encoding="utf-8") as src, target.open("w", encoding="utf-8") as dst:
-        for i, line in enumerate(src):
-            if i >= limit:
-                break
-            dst.write(line)
-    return target
 
 
 def chunk_texts(docs: list[dict[str, str]]) -> list[str]:
@@ -83,35 +66,6 @@ def raw_embedder_throughput(texts: list[str], batch: int) -> dict[str, float]:
         model.embed(texts[i : i + batch], TextKind.PASSAGE)
     elapsed = time.perf_counter() - started
     return {"chunks": len(texts), "seconds": elapsed, "chunks_per_s": len(texts) / elapsed}
-
-
-def cli_ingest(state_dir: Path, corpus: Path, collection: str, timeout: float) -> float:
-    """``ragmesh ingest --wait`` exactly as an operator runs it; returns wall seconds."""
-    started = time.perf_counter()
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ragmesh"),
-            "--state-dir",
-            str(state_dir),
-            "ingest",
-            str(corpus),
-            "--collection",
-            collection,
-            "--wait",
-            "--timeout",
-            str(timeout),
-        ],
-        check=True,
-    )
-    return time.perf_counter() - started
-
-
-async def collection_counts(stack: Stack, collection: str) -> ingestion_pb2.GetCollectionStatusResponse:
-    async with aio.insecure_channel(stack.address("ingestion")) as channel:
-        stub = ingestion_pb2_grpc.IngestionServiceStub(channel)
-        return await stub.GetCollectionStatus(
-            ingestion_pb2.GetCollectionStatusRequest(collection=collection), timeout=10
-        )
 
 
 async def spot_check(
@@ -148,7 +102,7 @@ async def spot_check(
 def pipeline_run(stack: Stack, corpus: Path, docs: list[dict[str, str]], timeout: float) -> dict[str, Any]:
     collection = "bench"
     first_s = cli_ingest(stack.state_dir, corpus, collection, timeout)
-    counts = asyncio.run(collection_counts(stack, collection))
+    counts = asyncio.run(collection_counts(stack.address("ingestion"), collection))
     again_s = cli_ingest(stack.state_dir, corpus, collection, timeout)
     found = asyncio.run(spot_check(stack, collection, docs, 50))
     return {

@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,9 +37,9 @@ from typing import Any, TypeVar
 import numpy as np
 from grpc import aio
 
+from bench.common import cli_ingest, collection_counts, corpus_file
 from meshkit.settings import EmbedderSettings, GatewaySettings, IndexSettings, PlannerSettings, SparseSettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli.stack import Stack
 from services.embedder.batcher import MicroBatcher
 from services.embedder.model import EmbeddingModel, TextKind
@@ -83,36 +80,6 @@ class LoadRun:
     latencies_s: list[float]
     wall_s: float
     answers: list[Answer]
-
-
-def corpus_subset(dataset: Path, limit: int, scratch: Path) -> Path:
-    """The dataset's corpus, or its first ``limit`` documents written to a scratch file."""
-    source = dataset / "corpus.jsonl.gz"
-    if not limit:
-        return source
-    target = scratch / "corpus.jsonl"
-    with gzip.open(source, "rt", encoding="utf-8") as src, target.open("w", encoding="utf-8") as dst:
-        for i, line in enumerate(src):
-            if i >= limit:
-                break
-            dst.write(line)
-    return target
-
-
-def cli_ingest(state_dir: Path, corpus: Path, timeout: float) -> float:
-    """``ragmesh ingest --wait`` as an operator runs it; returns wall seconds."""
-    started = time.perf_counter()
-    ragmesh = str(Path(sys.executable).parent / "ragmesh")
-    command = [ragmesh, "--state-dir", str(state_dir), "ingest", str(corpus), "--collection", COLLECTION]
-    subprocess.run([*command, "--wait", "--timeout", str(timeout)], check=True)
-    return time.perf_counter() - started
-
-
-async def collection_counts(address: str) -> ingestion_pb2.GetCollectionStatusResponse:
-    async with aio.insecure_channel(address) as channel:
-        stub = ingestion_pb2_grpc.IngestionServiceStub(channel)
-        request = ingestion_pb2.GetCollectionStatusRequest(collection=COLLECTION)
-        return await stub.GetCollectionStatus(request, timeout=10)
 
 
 def load_queries(dataset: Path) -> list[str]:
@@ -406,12 +373,12 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="ragmesh-search-bench-"))
     state_dir, copy_dir = scratch / "state", scratch / "in-process"
     try:
-        corpus = corpus_subset(args.dataset, args.limit_docs, scratch)
+        corpus = corpus_file(args.dataset, args.limit_docs, scratch)
         ingest = Stack(state_dir, workers=1, index_shards=args.index_shards)
         try:
             ingest.up()
-            ingest_s = cli_ingest(state_dir, corpus, args.timeout)
-            counts = asyncio.run(collection_counts(ingest.address("ingestion")))
+            ingest_s = cli_ingest(state_dir, corpus, COLLECTION, args.timeout)
+            counts = asyncio.run(collection_counts(ingest.address("ingestion"), COLLECTION))
         finally:
             ingest.down()  # the stores write their final snapshots
         print(f"ingested {counts.indexed} documents, {counts.chunks} chunks in {ingest_s:.0f}s", flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 
 from meshkit.errors import invalid_argument
 
@@ -79,3 +80,12 @@ def doc_key(collection: str, doc_id: str) -> str:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB blocks (model files and snapshots can be large)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

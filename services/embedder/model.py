@@ -7,7 +7,6 @@ through the micro-batcher, benchmarks call it directly for raw in-process throug
 from __future__ import annotations
 
 import enum
-import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
+from meshkit.ids import sha256_file
 from meshkit.settings import EmbedderSettings
 
 log = logging.getLogger("ragmesh.embedder.model")
@@ -58,21 +58,13 @@ class ModelInfo:
     provider: str
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_file(path: Path, expected_sha256: str, what: str) -> None:
     """Refuse a file whose content is not the pinned one ('' skips the check)."""
     if not path.is_file():
         raise ModelLoadError(f"{what} file not found: {path}")
     if not expected_sha256:
         return
-    actual = sha256_of(path)
+    actual = sha256_file(path)
     if actual != expected_sha256.lower():
         raise ModelLoadError(
             f"{what} file {path} failed its integrity check: expected sha256 {expected_sha256}, got {actual}"

@@ -18,9 +18,10 @@ import shutil
 import uuid
 from pathlib import Path
 
+from meshkit.ids import sha256_file
 from meshkit.objectstore import ObjectStore
 from meshkit.settings import IndexSettings
-from services.index.snapshots import install_packed, pack, sha256_file
+from services.index.snapshots import install_packed, pack
 
 log = logging.getLogger(__name__)
 

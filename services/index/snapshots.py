@@ -12,7 +12,6 @@ named by CURRENT; a crash at any point leaves the previous snapshot current and 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from meshkit.ids import sha256_file
 from services.index.backends import BackendState
 from services.index.fsutil import fsync_dir, write_atomic
 
@@ -72,14 +72,6 @@ class LoadedSnapshot:
     @property
     def sequence(self) -> int:
         return int(self.meta["sequence"])
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _write_file(path: Path, write: Any) -> str:
