@@ -11,7 +11,7 @@ SCIFACT ?= ../shared/bench/scifact
 STAMP := $(VENV)/.installed
 
 .PHONY: setup proto proto-check lint fmt typecheck buf-check breaking check test test-unit test-integration \
-        up down status demo bench clean lock
+        up down status demo bench clean lock reranker-model
 
 setup: $(STAMP)
 
@@ -96,6 +96,13 @@ bench: setup
 	$(PY) -m bench.exact_bench --corpus $(SCIFACT)/corpus.jsonl.gz
 	$(PY) -m bench.ingest_bench --dataset $(SCIFACT)
 	$(PY) -m bench.search_bench --dataset $(SCIFACT)
+	$(PY) -m bench.rerank_bench --dataset $(SCIFACT)
+
+# Train the default cross-encoder into models/reranker/ (about 45 min on 2 CPU cores). torch is
+# installed for this build only; serving never imports it.
+reranker-model: setup
+	$(PY) -m pip install --quiet -r requirements-build.txt
+	$(PY) -m ragmesh_cli.rerankerbuild.build --dataset $(SCIFACT)
 
 lock:
 	@echo "edit requirements.lock by hand or from 'pip freeze' of a working venv (torch excluded)"

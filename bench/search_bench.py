@@ -41,7 +41,7 @@ from bench.common import cli_ingest, collection_counts, corpus_file
 from meshkit.settings import EmbedderSettings, GatewaySettings, IndexSettings, PlannerSettings, SparseSettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh_cli.stack import Stack
-from services.embedder.batcher import MicroBatcher
+from services.embedder.batcher import EmbedBatcher
 from services.embedder.model import EmbeddingModel, TextKind
 from services.gateway.fusion import Hit, combine_variations, merge_by_score, rrf
 from services.gateway.validation import BM25, DEFAULT_TOP_K, DENSE, EXACT
@@ -107,7 +107,7 @@ class InProcessSearch:
         gateway: GatewaySettings,
         planner_settings: PlannerSettings,
         sparse_settings: SparseSettings,
-        batcher: MicroBatcher,
+        batcher: EmbedBatcher,
         shards: Sequence[CollectionIndex],
         sparse: SparseStore,
     ) -> None:
@@ -151,9 +151,8 @@ class InProcessSearch:
         )
         embedder = EmbedderSettings()
         model = await asyncio.to_thread(EmbeddingModel.load, embedder)
-        batcher = MicroBatcher(
-            embed_fn=model.embed_with_flags,
-            dimension=model.dimension,
+        batcher = EmbedBatcher(
+            model.embed_with_flags,
             max_batch=embedder.embedder_max_batch,
             window_s=embedder.embedder_batch_window_ms / 1000.0,
             max_queued_texts=embedder.embedder_max_queued_texts,
@@ -246,7 +245,10 @@ class InProcessSearch:
 
 def gateway_search(stub: gateway_pb2_grpc.GatewayServiceStub) -> SearchFn:
     async def search(query: str) -> Answer:
-        request = gateway_pb2.SearchRequest(collection=COLLECTION, query=query, top_k=DEFAULT_TOP_K)
+        # The retrieval path is what is compared; the reranker tier has its own benchmark.
+        request = gateway_pb2.SearchRequest(
+            collection=COLLECTION, query=query, top_k=DEFAULT_TOP_K, rerank=False
+        )
         reply = await stub.Search(request, timeout=CALL_TIMEOUT_S)
         return Answer(tuple(r.chunk_id for r in reply.results), bool(reply.degradations))
 

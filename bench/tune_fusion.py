@@ -49,6 +49,7 @@ async def fetch_leg_lists(
                 pool_size=pool,
                 max_variations=variations,
                 include_leg_results=True,
+                rerank=False,
             )
             async with slots:
                 reply = await stub.Search(request, timeout=60)

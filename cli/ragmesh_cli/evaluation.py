@@ -43,7 +43,7 @@ from ragmesh_cli.search import request_settings as search_settings
 
 RUN_FORMAT = "ragmesh-eval-run/1"
 # Every system an eval reports, in report order; the per-leg names match LEG_NAMES.
-SYSTEMS: tuple[str, ...] = ("bm25", "dense", "exact", "fused")
+SYSTEMS: tuple[str, ...] = ("bm25", "dense", "exact", "fused", "reranked")
 # Errors that say the whole eval is misconfigured: stop instead of scoring every query as a miss.
 FATAL_CODES = frozenset(
     {
@@ -232,13 +232,21 @@ class QueryOutcome:
 def runs_from_response(response: gateway_pb2.SearchResponse) -> dict[str, list[str]]:
     """Each system's ranked doc list: leg lists collapsed to documents by first occurrence, the
     fused list as returned (already one per document with collapse_documents). A leg missing from
-    the response (disabled or degraded) gets an empty list."""
-    runs: dict[str, list[str]] = {name: [] for name in SYSTEMS}
+    the response (disabled or degraded) gets an empty list. When the gateway reranked (it then
+    sends the fused list apart), the results are the ``reranked`` system."""
+    runs: dict[str, list[str]] = {name: [] for name in SYSTEMS if name != "reranked"}
     for leg_result in response.leg_results:
         name = LEG_NAMES.get(leg_result.leg)
         if name is not None:
             runs[name] = metrics.first_occurrence(hit.doc_id for hit in leg_result.hits)
-    runs["fused"] = metrics.first_occurrence(result.doc_id for result in response.results)
+    returned = metrics.first_occurrence(result.doc_id for result in response.results)
+    if response.fused_hits:
+        # Reranking was asked for: the results are the reranked system's (in fused order when the
+        # reranker degraded, which is what a caller got), the fused list comes separately.
+        runs["fused"] = metrics.first_occurrence(hit.doc_id for hit in response.fused_hits)
+        runs["reranked"] = returned
+    else:
+        runs["fused"] = returned
     return runs
 
 
@@ -300,7 +308,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def system_runs(outcomes: Sequence[QueryOutcome]) -> dict[str, dict[str, list[str]]]:
     """system -> query id -> ranked doc ids."""
-    return {name: {o.query_id: o.runs.get(name, []) for o in outcomes} for name in SYSTEMS}
+    present = [name for name in SYSTEMS if any(name in o.runs for o in outcomes if o.error is None)]
+    return {name: {o.query_id: o.runs.get(name, []) for o in outcomes} for name in present}
 
 
 def score_systems(
@@ -335,6 +344,10 @@ def build_report(
         "p95": percentile(latencies, 95),
         "mean": metrics.mean(latencies),
     }
+    if "reranked" in per_query and "fused" in per_query:
+        # The two systems come from the same searches: a paired comparison on the same queries.
+        paired = metrics.paired_bootstrap(per_query["fused"]["ndcg@10"], per_query["reranked"]["ndcg@10"])
+        report["reranked_vs_fused"] = {"metric": "ndcg@10", **paired.to_dict()}
     report["degraded"] = {
         "responses": sum(1 for o in outcomes if o.degradations),
         "by_kind": dict(sorted(by_kind.items())),
@@ -362,6 +375,14 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"search latency: p50 {latency['p50']:.1f} ms, p95 {latency['p95']:.1f} ms",
         f"degraded responses: {report['degraded']['responses']}",
     ]
+    if "reranked_vs_fused" in report:
+        paired = report["reranked_vs_fused"]
+        lines.insert(
+            3,
+            f"reranked - fused, nDCG@10: {paired['mean_diff']:+.4f} "
+            f"[{paired['ci_low']:+.4f}, {paired['ci_high']:+.4f}] "
+            f"({paired['confidence']:.0%} paired bootstrap)",
+        )
     lines.extend(f"  {kind}: {count}" for kind, count in report["degraded"]["by_kind"].items())
     if report["failed"]["queries"]:
         lines.append(f"failed searches (scored as empty): {report['failed']['queries']}")

@@ -175,6 +175,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_build_reranker(args: argparse.Namespace) -> int:
+    from ragmesh_cli.rerankerbuild import build
+
+    return build.run_build(args)
+
+
 def cmd_delete(args: argparse.Namespace) -> int:
     request = ingestion_pb2.DeleteDocumentsRequest(collection=args.collection, doc_ids=args.doc_ids)
     reply = asyncio.run(
@@ -360,6 +366,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--collection", default=None)
     replay.add_argument("--seq", type=int, nargs="+", default=None, help="dead-letter sequence numbers")
     replay.set_defaults(func=cmd_dlq_replay)
+
+    models = sub.add_parser("models", parents=[common], help="build the models ragmesh ships")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    build_reranker = models_sub.add_parser(
+        "build-reranker",
+        parents=[common],
+        help="train the default cross-encoder (needs torch: pip install -r requirements-build.txt)",
+    )
+    from ragmesh_cli.rerankerbuild.build import add_arguments as add_build_arguments
+
+    add_build_arguments(build_reranker)
+    build_reranker.set_defaults(func=cmd_build_reranker)
 
     config = sub.add_parser("config", parents=[common], help="every RAGMESH_* setting with its default")
     config.add_argument("--json", action="store_true")

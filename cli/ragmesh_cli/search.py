@@ -69,6 +69,18 @@ def add_request_arguments(parser: argparse.ArgumentParser, *, top_k: int, collec
     parser.add_argument("--pool-size", type=int, default=0, help="candidates per leg (default: the plan's)")
     parser.add_argument("--max-variations", type=int, default=0, help="most dense-query variations")
     parser.add_argument(
+        "--rerank",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="rerank the fused candidates with the cross-encoder (default: the server's setting)",
+    )
+    parser.add_argument(
+        "--rerank-candidates",
+        type=int,
+        default=0,
+        help="candidates reranked (default: 35 precise, 60 exhaustive)",
+    )
+    parser.add_argument(
         "--deadline-ms",
         type=int,
         default=None,
@@ -85,7 +97,7 @@ def build_request(
     include_leg_results: bool = False,
     doc_ids: Sequence[str] = (),
 ) -> gateway_pb2.SearchRequest:
-    for name in ("top_k", "pool_size", "max_variations"):
+    for name in ("top_k", "pool_size", "max_variations", "rerank_candidates"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     request = gateway_pb2.SearchRequest(
@@ -97,7 +109,10 @@ def build_request(
         include_leg_results=include_leg_results,
         pool_size=args.pool_size,
         max_variations=args.max_variations,
+        rerank_candidates=args.rerank_candidates,
     )
+    if args.rerank is not None:
+        request.rerank = args.rerank
     if args.rrf_k is not None:
         if args.rrf_k < 0:
             raise ValueError("--rrf-k must be >= 0")
@@ -133,6 +148,8 @@ def request_settings(request: gateway_pb2.SearchRequest, timeout_s: float) -> di
         "pool_size": request.pool_size or None,
         "max_variations": request.max_variations or None,
         "collapse_documents": request.collapse_documents,
+        "rerank": request.rerank if request.HasField("rerank") else None,
+        "rerank_candidates": request.rerank_candidates or None,
         "deadline_ms": round(timeout_s * 1000.0),
     }
 
@@ -176,12 +193,13 @@ def format_response(response: gateway_pb2.SearchResponse) -> str:
                 rank,
                 result.doc_id,
                 f"{result.fused_score:.4f}",
+                f"{result.rerank_score:.2f}" if result.HasField("rerank_score") else "-",
                 leg_ranks_label(result),
                 snippet(result.title + " — " + result.text if result.title else result.text),
             )
             for rank, result in enumerate(response.results, start=1)
         ]
-        lines.append(format_table(["RANK", "DOC ID", "SCORE", "LEGS", "TEXT"], rows))
+        lines.append(format_table(["RANK", "DOC ID", "FUSED", "RERANK", "LEGS", "TEXT"], rows))
     else:
         lines.append("no results")
     if response.HasField("plan"):

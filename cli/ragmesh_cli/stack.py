@@ -45,6 +45,7 @@ SERVICE_MODULES: dict[str, str] = {
     "index": "services.index",
     "sparse": "services.sparse",
     "planner": "services.planner",
+    "reranker": "services.reranker",
     "ingestion": "services.ingestion",
     "gateway": "services.gateway",
     "worker": "services.ingestion.worker",
@@ -58,6 +59,7 @@ STAGE_OF_KIND = {
     "index": 1,
     "sparse": 1,
     "planner": 1,
+    "reranker": 1,
     "ingestion": 2,
     "gateway": 2,
     "worker": 3,
@@ -290,6 +292,8 @@ class Stack:
             env["RAGMESH_PLANNER_ADDRESS"] = self.address("planner")
         if "gateway" in self.components:
             env["RAGMESH_GATEWAY_ADDRESS"] = self.address("gateway")
+        # A stack without the reranker tier runs the gateway without one (no address, no degradation).
+        env["RAGMESH_RERANKER_ADDRESS"] = self.address("reranker") if "reranker" in self.components else ""
         return env
 
     def _process_env(self, comp: Component) -> dict[str, str]:

@@ -33,6 +33,12 @@ def _default_embedder_tokenizer() -> str:
         return ""
 
 
+# The default cross-encoder is committed with the source (see models/README.md for why).
+DEFAULT_RERANKER_MODEL_DIR = (
+    Path(__file__).resolve().parents[2] / "models" / "reranker" / "ragmesh-minilm-l6-ce-v1"
+)
+
+
 class MeshSettings(BaseSettings):
     """Settings shared by every process of the mesh."""
 
@@ -57,6 +63,7 @@ class MeshSettings(BaseSettings):
     ingestion_address: str = Field("127.0.0.1:50054", description="Ingestion API service.")
     planner_address: str = Field("127.0.0.1:50055", description="Query planner service.")
     gateway_address: str = Field("127.0.0.1:50056", description="Search gateway service.")
+    reranker_address: str = Field("127.0.0.1:50057", description="Reranker (cross-encoder) service.")
 
     # --- client policy for outgoing calls ---
     client_timeout_s: float = Field(10.0, description="Deadline of an outgoing call with no caller deadline.")
@@ -205,6 +212,43 @@ class PlannerSettings(MeshSettings):
     planner_max_query_chars: int = Field(2000, ge=1, description="Longest query accepted, in characters.")
 
 
+class RerankerSettings(MeshSettings):
+    reranker_model_dir: Path = Field(
+        DEFAULT_RERANKER_MODEL_DIR,
+        description="Model directory (model.onnx, tokenizer.json, manifest.json); default: the bundled one.",
+    )
+    reranker_model_uri: str = Field(
+        "",
+        description="s3://bucket/prefix of a model directory to fetch at start; wins over the model dir.",
+    )
+    reranker_cache_dir: Path | None = Field(
+        None, description="Where fetched models go (default: <state_dir>/models)."
+    )
+    reranker_provider: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="ONNX Runtime provider: auto takes CUDA when onnxruntime-gpu has it."
+    )
+    reranker_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0: its default).")
+    reranker_max_tokens: int = Field(
+        0, ge=0, description="Tokens per pair (0: the model's limit; less is faster and may cost quality)."
+    )
+    reranker_max_batch: int = Field(64, ge=1, description="Pairs per model run.")
+    reranker_batch_window_ms: float = Field(3.0, ge=0, description="How long a batch waits for more callers.")
+    reranker_max_queued_pairs: int = Field(
+        4096, ge=1, description="Pairs waiting for the model before callers get UNAVAILABLE."
+    )
+    reranker_min_score: float = Field(
+        -5.0, description="Default threshold: passages scoring less are dropped."
+    )
+    reranker_fallback_count: int = Field(
+        20, ge=0, description="Default passages returned in request order when none passes the threshold."
+    )
+    reranker_max_passages: int = Field(256, ge=1, description="Passages one Rerank call may carry.")
+    reranker_max_passage_chars: int = Field(
+        32_768, ge=1, description="Longest passage accepted, in characters."
+    )
+    reranker_max_query_chars: int = Field(2000, ge=1, description="Longest query accepted, in characters.")
+
+
 class GatewaySettings(MeshSettings):
     gateway_max_query_chars: int = Field(2000, ge=1, description="Longest query accepted, in characters.")
     gateway_max_top_k: int = Field(100, ge=1, description="Largest top_k accepted.")
@@ -232,4 +276,24 @@ class GatewaySettings(MeshSettings):
     )
     gateway_finish_reserve_s: float = Field(
         0.1, ge=0, description="Deadline time kept back from the legs for fusion and hydration."
+    )
+    gateway_rerank: bool = Field(
+        True, description="Rerank fused candidates by default (per request: rerank)."
+    )
+    gateway_rerank_candidates_precise: int = Field(
+        35, ge=1, description="Candidates reranked, precise plans."
+    )
+    gateway_rerank_candidates_exhaustive: int = Field(
+        60, ge=1, description="Candidates reranked, exhaustive plans."
+    )
+    gateway_max_rerank_candidates: int = Field(
+        200, ge=1, description="Largest rerank_candidates accepted (keep <= reranker_max_passages)."
+    )
+    gateway_rerank_fused_weight: float = Field(
+        0.5,
+        ge=0,
+        description="Final order: RRF of the reranker's order (weight 1) and the fused order (this weight).",
+    )
+    gateway_rerank_share: float = Field(
+        0.6, gt=0, le=1, description="Share of the caller's deadline kept from the legs for reranking."
     )

@@ -25,7 +25,7 @@ from meshkit.server import ServiceSpec
 from meshkit.settings import EmbedderSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
-from services.embedder.batcher import MicroBatcher
+from services.embedder.batcher import EmbedBatcher
 from services.embedder.model import EmbeddingModel, TextKind
 
 log = logging.getLogger("ragmesh.embedder")
@@ -68,15 +68,14 @@ class EmbedderServicer(embedder_pb2_grpc.EmbedderServiceServicer):
     def __init__(self, settings: EmbedderSettings, model: EmbeddingModel | None = None) -> None:
         self._settings = settings
         self._model = model
-        self._batcher: MicroBatcher | None = None
+        self._batcher: EmbedBatcher | None = None
 
     async def start(self) -> None:
         if self._model is None:
             # Hashing and session creation take a second or more: keep the loop free meanwhile.
             self._model = await asyncio.to_thread(EmbeddingModel.load, self._settings)
-        self._batcher = MicroBatcher(
-            embed_fn=self._model.embed_with_flags,
-            dimension=self._model.dimension,
+        self._batcher = EmbedBatcher(
+            self._model.embed_with_flags,
             max_batch=self._settings.embedder_max_batch,
             window_s=self._settings.embedder_batch_window_ms / 1000.0,
             max_queued_texts=self._settings.embedder_max_queued_texts,
@@ -88,7 +87,7 @@ class EmbedderServicer(embedder_pb2_grpc.EmbedderServiceServicer):
             await self._batcher.stop()
 
     @property
-    def batcher(self) -> MicroBatcher:
+    def batcher(self) -> EmbedBatcher:
         if self._batcher is None:
             raise failed_precondition("embedder model is not loaded yet")
         return self._batcher

@@ -36,6 +36,9 @@ class Fused:
     doc_id: str
     score: float
     ranks: list[LegRank] = field(default_factory=list)
+    # Set by the gateway: 1-based place in the fused list, and the cross-encoder's score.
+    fused_rank: int = 0
+    rerank_score: float | None = None
 
     @property
     def best_rank(self) -> int:
@@ -115,3 +118,17 @@ def collapse_documents(fused: Sequence[Fused]) -> list[Fused]:
             seen.add(item.doc_id)
             kept.append(item)
     return kept
+
+
+def blend_reranked(reranked: Sequence[Fused], fused_weight: float, k: float) -> list[Fused]:
+    """The final order of reranked results: RRF of the reranker's order (weight 1) and the fused
+    order (``fused_weight``; 0 keeps the reranker's order). On SciFact train claims a cross-encoder
+    trained on little data ranks better with the retrieval legs' vote than alone."""
+    if fused_weight <= 0:
+        return list(reranked)
+    position = {item.chunk_id: i for i, item in enumerate(reranked)}
+
+    def score(item: Fused) -> float:
+        return 1.0 / (k + position[item.chunk_id] + 1) + fused_weight / (k + item.fused_rank)
+
+    return sorted(reranked, key=lambda item: (-score(item), position[item.chunk_id]))

@@ -25,9 +25,11 @@ from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
+from ragmesh.reranker.v1 import reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.gateway import metrics
 from services.gateway.fusion import Fused, Hit, collapse_documents, combine_variations, merge_by_score, rrf
+from services.gateway.rerank import RERANKER, candidate_count, rerank
 from services.gateway.validation import BM25, DENSE, EXACT, LEGS, SearchParams
 
 log = logging.getLogger("gateway.search")
@@ -69,6 +71,10 @@ class SearchOutcome:
     timings: dict[str, float]
     # Each leg's own ranked list (legs that answered).
     leg_lists: dict[str, list[Hit]]
+    # The results are in the reranker's order.
+    reranked: bool = False
+    # The fused list before reranking (top_k long); empty when reranking was off.
+    fused: list[Fused] = field(default_factory=list)
 
 
 class Backends:
@@ -80,11 +86,14 @@ class Backends:
         embedder: Downstream[embedder_pb2_grpc.EmbedderServiceStub],
         shards: Sequence[Downstream[index_pb2_grpc.IndexServiceStub]],
         sparse: Downstream[sparse_pb2_grpc.SparseServiceStub],
+        reranker: Downstream[reranker_pb2_grpc.RerankerServiceStub] | None = None,
     ) -> None:
         self.planner = planner
         self.embedder = embedder
         self.shards = list(shards)
         self.sparse = sparse
+        # None: no reranker tier is deployed (reranker_address is empty).
+        self.reranker = reranker
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> Backends:
@@ -100,10 +109,17 @@ class Backends:
                 for i, address in enumerate(settings.index_address_list())
             ],
             Downstream(SPARSE, settings.sparse_address, sparse_pb2_grpc.SparseServiceStub, policy, size),
+            Downstream(
+                RERANKER, settings.reranker_address, reranker_pb2_grpc.RerankerServiceStub, policy, size
+            )
+            if settings.reranker_address
+            else None,
         )
 
     async def close(self) -> None:
         downstreams: list[Downstream[Any]] = [self.planner, self.embedder, *self.shards, self.sparse]
+        if self.reranker is not None:
+            downstreams.append(self.reranker)
         for downstream in downstreams:
             await downstream.close()
 
@@ -346,21 +362,32 @@ class Searcher:
         self.settings = settings
         self.backends = backends
 
-    def _leg_deadline(self) -> float:
+    def _leg_deadline(self, reranking: bool) -> float:
         """When the legs must be back: the caller's deadline less time for fusion and
-        hydration (a share of the budget, so short deadlines still leave the legs most)."""
+        hydration (a share of the budget, so short deadlines still leave the legs most), and
+        when reranking, less the share kept for the reranker."""
         now = time.monotonic()
         inbound = deadline_var.get()
-        if inbound is None:
-            return now + self.settings.client_timeout_s
-        budget = inbound - now
+        budget = self.settings.client_timeout_s if inbound is None else inbound - now
         if budget <= 0:
             raise deadline_exceeded("the deadline passed before the search started")
-        return inbound - min(self.settings.gateway_finish_reserve_s, FINISH_SHARE * budget)
+        end = now + budget
+        reserve = min(self.settings.gateway_finish_reserve_s, FINISH_SHARE * budget)
+        if reranking:
+            reserve = max(reserve, self.settings.gateway_rerank_share * budget)
+        return end - reserve
+
+    def _reply_deadline(self) -> float:
+        """When the last downstream call must be back, leaving time to send the reply."""
+        inbound = deadline_var.get()
+        if inbound is None:
+            return time.monotonic() + self.settings.client_timeout_s
+        return inbound - REPLY_MARGIN_S
 
     async def search(self, params: SearchParams) -> SearchOutcome:
         started = time.perf_counter()
-        deadline = self._leg_deadline()
+        reranking = params.rerank and self.backends.reranker is not None
+        deadline = self._leg_deadline(reranking)
         degradations = Degradations()
         timings: dict[str, float] = {}
 
@@ -386,12 +413,24 @@ class Searcher:
         fused = rrf(fanout.lists, params.weights, params.rrf_k)
         if params.collapse_documents:
             fused = collapse_documents(fused)
-        top = fused[: params.top_k]
+        for rank, entry in enumerate(fused, 1):
+            entry.fused_rank = rank
+        to_rerank = (
+            candidate_count(self.settings, params.rerank_candidates, plan.strategy) if reranking else 0
+        )
+        top = fused[: max(params.top_k, to_rerank)]
+        fused_top = fused[: params.top_k] if to_rerank else []
         timings["fuse"] = _ms(time.perf_counter() - fuse_started)
 
         hydrate_started = time.perf_counter()
         top, chunks = await self._hydrate(params, top, degradations)
         timings["hydrate"] = _ms(time.perf_counter() - hydrate_started)
+        reranked = False
+        if to_rerank and top:
+            rerank_started = time.perf_counter()
+            top, reranked = await self._rerank(params, top, to_rerank, chunks, degradations)
+            timings["rerank"] = _ms(time.perf_counter() - rerank_started)
+        top = top[: params.top_k]
         timings["total"] = _ms(time.perf_counter() - started)
         for stage, ms in timings.items():
             if stage != "total":
@@ -399,7 +438,40 @@ class Searcher:
         found = degradations.as_list()
         for item in found:
             metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
-        return SearchOutcome(top, chunks, plan, found, timings, fanout.lists)
+        return SearchOutcome(top, chunks, plan, found, timings, fanout.lists, reranked, fused_top)
+
+    async def _rerank(
+        self,
+        params: SearchParams,
+        top: list[Fused],
+        count: int,
+        chunks: dict[str, sparse_pb2.ChunkText],
+        degradations: Degradations,
+    ) -> tuple[list[Fused], bool]:
+        """The first ``count`` results reordered by the reranker, the rest after them in fused
+        order; on any reranker failure, ``top`` as it was, with a degradation."""
+        reranker = self.backends.reranker
+        assert reranker is not None
+        if not chunks:
+            degradations.add(RERANKER, ERROR, reranker.target, "no passage text to rerank (hydration failed)")
+            return top, False
+        candidates, rest = top[:count], top[count:]
+        try:
+            outcome = await rerank(
+                reranker,
+                params.query,
+                candidates,
+                chunks,
+                deadline=self._reply_deadline(),
+                fused_weight=self.settings.gateway_rerank_fused_weight,
+                rrf_k=params.rrf_k,
+            )
+        except DownstreamError as exc:
+            degradations.add_error(RERANKER, exc)
+            for item in candidates:
+                item.rerank_score = None
+            return top, False
+        return [*outcome.results, *rest], outcome.reranked
 
     def _raise_if_nothing_answered(
         self, params: SearchParams, fanout: Fanout, degradations: Degradations

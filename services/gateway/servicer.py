@@ -13,6 +13,7 @@ from meshkit.settings import GatewaySettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway import metrics
 from services.gateway.fusion import Fused, Hit
+from services.gateway.rerank import RERANKER
 from services.gateway.search import (
     BREAKER_OPEN,
     DEADLINE,
@@ -32,6 +33,7 @@ from services.gateway.validation import BM25, DENSE, EXACT, SearchParams, valida
 LEG_PB = {DENSE: gateway_pb2.LEG_DENSE, BM25: gateway_pb2.LEG_BM25, EXACT: gateway_pb2.LEG_EXACT}
 STAGE_PB = {
     PLANNER: gateway_pb2.STAGE_PLANNER,
+    RERANKER: gateway_pb2.STAGE_RERANKER,
     EMBEDDER: gateway_pb2.STAGE_EMBEDDER,
     INDEX: gateway_pb2.STAGE_INDEX,
     SPARSE: gateway_pb2.STAGE_SPARSE,
@@ -77,7 +79,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
 
 def _result_pb(item: Fused, outcome: SearchOutcome) -> gateway_pb2.SearchResult:
-    result = gateway_pb2.SearchResult(chunk_id=item.chunk_id, doc_id=item.doc_id, fused_score=item.score)
+    result = gateway_pb2.SearchResult(
+        chunk_id=item.chunk_id,
+        doc_id=item.doc_id,
+        fused_score=item.score,
+        fused_rank=item.fused_rank,
+        rerank_score=item.rerank_score,
+    )
     chunk = outcome.chunks.get(item.chunk_id)
     if chunk is not None:
         result.title = chunk.title
@@ -110,10 +118,14 @@ def to_response(outcome: SearchOutcome, params: SearchParams) -> gateway_pb2.Sea
         plan=outcome.plan,
         degradations=[_degradation_pb(d) for d in outcome.degradations],
         timings=[gateway_pb2.StageTiming(stage=stage, ms=ms) for stage, ms in outcome.timings.items()],
+        reranked=outcome.reranked,
     )
     if params.include_leg_results:
         response.leg_results.extend(
             _leg_result_pb(leg, outcome.leg_lists[leg]) for leg in LEG_ORDER if leg in outcome.leg_lists
+        )
+        response.fused_hits.extend(
+            gateway_pb2.LegHit(chunk_id=f.chunk_id, doc_id=f.doc_id, score=f.score) for f in outcome.fused
         )
     return response
 

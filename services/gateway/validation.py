@@ -33,6 +33,9 @@ class SearchParams:
     include_leg_results: bool
     # 0: the plan's pool size.
     pool_size: int
+    rerank: bool = False
+    # 0: by the plan's strategy.
+    rerank_candidates: int = 0
 
     def enabled(self, leg: str) -> bool:
         return self.weights[leg] > 0
@@ -81,6 +84,9 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
     pool_size = _bounded(request.pool_size, settings.gateway_max_pool_size, "pool_size")
     if request.strategy not in planner_pb2.Strategy.values():
         raise invalid_argument(f"strategy {request.strategy} is not a known Strategy")
+    rerank_candidates = _bounded(
+        request.rerank_candidates, settings.gateway_max_rerank_candidates, "rerank_candidates"
+    )
     rrf_k = request.rrf_k if request.HasField("rrf_k") else settings.gateway_rrf_k
     if rrf_k < 1:
         raise invalid_argument(f"rrf_k must be >= 1, got {rrf_k}")
@@ -96,4 +102,6 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
         max_variations=max_variations,
         include_leg_results=request.include_leg_results,
         pool_size=pool_size,
+        rerank=request.rerank if request.HasField("rerank") else settings.gateway_rerank,
+        rerank_candidates=rerank_candidates,
     )

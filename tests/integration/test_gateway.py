@@ -99,8 +99,11 @@ def sparse_degradation(response: pb.SearchResponse) -> pb.Degradation:
 async def test_search_fuses_every_leg_with_ranks_and_text(
     stack: Stack, corpus: str, gateway: gateway_pb2_grpc.GatewayServiceStub
 ) -> None:
+    # Fused order is what this test checks: reranking has its own tests (test_rerank.py).
     response = await search(
-        gateway, request(corpus, "what does error ERR-4312 mean", include_leg_results=True), timeout=10
+        gateway,
+        request(corpus, "what does error ERR-4312 mean", include_leg_results=True, rerank=False),
+        timeout=10,
     )
     assert not unexpected(response, stack)
     top = response.results[0]

@@ -19,7 +19,7 @@ import pytest
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2
-from ragmesh_cli import evaluation, search
+from ragmesh_cli import evaluation, metrics, search
 from ragmesh_cli.documents import InputError
 from ragmesh_cli.main import build_parser, main
 
@@ -96,15 +96,27 @@ def test_unset_options_leave_server_defaults() -> None:
     request = search.build_request(args, "q", "default", collapse=False)
     assert not request.HasField("rrf_k") and not request.HasField("weights")
     assert request.strategy == planner_pb2.STRATEGY_UNSPECIFIED and request.top_k == 10
+    assert not request.HasField("rerank") and request.rerank_candidates == 0
+
+
+@pytest.mark.parametrize(("flag", "expected"), [("--rerank", True), ("--no-rerank", False)])
+def test_rerank_flags(flag: str, expected: bool) -> None:
+    args = build_parser().parse_args(["search", "q", flag, "--rerank-candidates", "20"])
+    request = search.build_request(args, "q", "default", collapse=False)
+    assert request.HasField("rerank") and request.rerank is expected and request.rerank_candidates == 20
+    assert search.request_settings(request, 1.0)["rerank"] is expected
 
 
 def test_format_response_table_degradations_and_timings() -> None:
     out = search.format_response(sample_response())
     lines = out.splitlines()
-    assert lines[0].split() == ["RANK", "DOC", "ID", "SCORE", "LEGS", "TEXT"]
-    assert lines[1].startswith("1     guide.md  0.0325  D3 B1 E-  Restart the node xxx")
+    assert lines[0].split() == ["RANK", "DOC", "ID", "FUSED", "RERANK", "LEGS", "TEXT"]
+    assert lines[1].startswith("1     guide.md  0.0325  -       D3 B1 E-  Restart the node xxx")
     assert lines[1].endswith("…") and len(lines[1].split("  D3 B1 E-  ")[1]) == search.SNIPPET_CHARS
-    assert "2     faq.md    0.0161  D- B- E2  short" in lines
+    assert "2     faq.md    0.0161  -       D- B- E2  short" in lines
+    reranked = sample_response()
+    reranked.results[0].rerank_score = 2.5
+    assert "1     guide.md  0.0325  2.50    D3 B1 E-" in search.format_response(reranked)
     assert "plan: precise, pool 50, 1 variation(s), keywords: E42" in out
     assert "  sparse:deadline (legs bm25,exact): sparse timed out" in out
     assert out.endswith("timings (ms): planner 1.2  total 20.0")
@@ -194,6 +206,19 @@ def test_runs_from_response_collapses_each_leg_to_documents() -> None:
         "exact": [],  # leg absent (disabled or degraded)
         "fused": ["a", "b"],
     }
+
+
+def test_a_reranked_response_is_two_systems() -> None:
+    response = gateway_pb2.SearchResponse(
+        results=[_result("b", 0.05, ""), _result("a", 0.1, "")],
+        reranked=True,
+        fused_hits=[
+            gateway_pb2.LegHit(chunk_id="a#0", doc_id="a"),
+            gateway_pb2.LegHit(chunk_id="b#0", doc_id="b"),
+        ],
+    )
+    runs = evaluation.runs_from_response(response)
+    assert runs["fused"] == ["a", "b"] and runs["reranked"] == ["b", "a"]
 
 
 def test_percentile_matches_linear_interpolation() -> None:
@@ -296,7 +321,11 @@ def test_eval_command_reports_every_system_and_compares_runs(
     assert "fused   ndcg@10" in table and "+0.0000" in table
     assert main(["eval", "--compare", str(run_path), str(run_path), "--json", "--metrics", "mrr@10"]) == 0
     rows = json.loads(capsys.readouterr().out)["comparisons"]
-    assert [(r["system"], r["metric"]) for r in rows] == [(s, "mrr@10") for s in evaluation.SYSTEMS]
+    # The fake gateway does not rerank: no reranked system in the runs, none compared.
+    assert "reranked" not in saved["runs"]
+    assert [(r["system"], r["metric"]) for r in rows] == [
+        (s, "mrr@10") for s in evaluation.SYSTEMS if s != "reranked"
+    ]
 
     assert main(["eval", "--dataset", str(root), "--limit", "1"]) == 0
     human = capsys.readouterr().out
@@ -352,3 +381,21 @@ def test_parser_knows_the_new_commands() -> None:
     args = build_parser().parse_args(["eval", "--dataset", "d", "--concurrency", "3", "--no-ingest"])
     assert isinstance(args, argparse.Namespace)
     assert args.top_k == 100 and args.concurrency == 3 and not args.ingest and args.split == "test"
+
+
+def test_report_pairs_the_reranked_system_with_the_fused_one() -> None:
+    dataset = evaluation.BeirDataset(
+        name="d", root=Path("."), split="test", corpus_path=Path("c"), queries={}, qrels={}
+    )
+    outcomes = [evaluation.QueryOutcome("q1", {}, 1.0), evaluation.QueryOutcome("q2", {}, 2.0)]
+    fused = {"q1": 0.5, "q2": 0.2}
+    reranked = {"q1": 0.7, "q2": 0.4}
+    per_query = {
+        "fused": dict.fromkeys(metrics.STANDARD_METRICS, fused),
+        "reranked": dict.fromkeys(metrics.STANDARD_METRICS, reranked),
+    }
+    report = evaluation.build_report(dataset, {}, outcomes, per_query)
+    paired = report["reranked_vs_fused"]
+    assert paired["metric"] == "ndcg@10" and paired["mean_diff"] == pytest.approx(0.2)
+    assert paired["ci_low"] == pytest.approx(0.2) and paired["queries"] == 2
+    assert "reranked - fused, nDCG@10: +0.2000 [+0.2000, +0.2000]" in evaluation.format_report(report)

@@ -1,12 +1,14 @@
-"""Fake downstreams (planner, embedder, two index shards, sparse) on real gRPC servers, and a
-real gateway in front of them, so deadlines, retries and breakers play out as in production.
-Each fake method's behaviour is set per test: ok, fail (UNAVAILABLE), slow, missing (NOT_FOUND)."""
+"""Fake downstreams (planner, embedder, two index shards, sparse, reranker) on real gRPC servers,
+and a real gateway in front of them, so deadlines, retries and breakers play out as in production.
+Each fake method's behaviour is set per test: ok, fail (UNAVAILABLE), slow, missing (NOT_FOUND);
+the reranker also has unknown_id (its reply names a passage it was not sent)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +24,10 @@ from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
+from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.gateway.servicer import build_spec
+from services.reranker.selection import select
 
 COLLECTION = "docs"
 SLOW_S = 5.0
@@ -36,6 +40,11 @@ SHARD_CHUNKS = [["c0", "c2"], ["c1", "c3"]]
 BM25_RANKING = ["c2", "c0", "c4"]
 EXACT_RANKING = ["c4"]
 KEYWORDS = ["ZX-81"]
+# The fake cross-encoder's score of each chunk, whatever the query: c2 is under the threshold.
+RERANK_SCORES = {"c3": 3.0, "c1": 2.0, "c4": 1.0, "c0": -1.0, "c2": -6.0}
+# The reranker's defaults when a request leaves min_score / fallback_count unset.
+RERANK_MIN_SCORE = -5.0
+RERANK_FALLBACK_COUNT = 20
 
 
 @dataclass
@@ -45,6 +54,9 @@ class Fakes:
     behaviour: dict[str, str] = field(default_factory=dict)
     calls: Counter[str] = field(default_factory=Counter)
     requests: dict[str, list[Any]] = field(default_factory=dict)
+    # Chunk name -> the fake reranker's score (a test may lower them all to get the fallback).
+    rerank_scores: dict[str, float] = field(default_factory=lambda: dict(RERANK_SCORES))
+    rerank_fallback_count: int = RERANK_FALLBACK_COUNT
 
     async def act(self, key: str, request: Any, context: aio.ServicerContext) -> None:
         self.calls[key] += 1
@@ -136,6 +148,34 @@ class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
         return sparse_pb2.GetChunksResponse(chunks=chunks)
 
 
+class FakeReranker(reranker_pb2_grpc.RerankerServiceServicer):
+    """Scores from ``Fakes.rerank_scores``, selected by the reranker's own threshold/fallback rule."""
+
+    def __init__(self, fakes: Fakes) -> None:
+        self.fakes = fakes
+
+    async def Rerank(self, request: Any, context: aio.ServicerContext) -> reranker_pb2.RerankResponse:
+        await self.fakes.act("reranker", request, context)
+        scores = [self.fakes.rerank_scores[NAME_OF[p.id]] for p in request.passages]
+        chosen = select(
+            scores,
+            request.min_score if request.HasField("min_score") else RERANK_MIN_SCORE,
+            request.fallback_count
+            if request.HasField("fallback_count")
+            else self.fakes.rerank_fallback_count,
+            request.top_n,
+        )
+        results = [
+            reranker_pb2.RerankedPassage(id=request.passages[i].id, score=scores[i], input_index=i)
+            for i in chosen.order
+        ]
+        if self.fakes.behaviour.get("reranker") == "unknown_id":
+            results.append(reranker_pb2.RerankedPassage(id="not-a-candidate", score=9.0))
+        return reranker_pb2.RerankResponse(
+            results=results, fallback=chosen.fallback, scored=len(scores), model="fake"
+        )
+
+
 async def _server(*adders: Any) -> tuple[aio.Server, str]:
     server = aio.server()
     for add in adders:
@@ -149,18 +189,21 @@ async def _server(*adders: Any) -> tuple[aio.Server, str]:
 class Gateway:
     stub: gateway_pb2_grpc.GatewayServiceStub
     fakes: Fakes
+    settings: GatewaySettings
 
 
-@pytest.fixture
-async def gateway() -> AsyncIterator[Gateway]:
+@asynccontextmanager
+async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
+    """Fakes and a gateway in front of them; ``overrides`` replace the test settings below."""
     fakes = Fakes()
     mesh, mesh_address = await _server(
         lambda s: planner_pb2_grpc.add_PlannerServiceServicer_to_server(FakePlanner(fakes), s),
         lambda s: embedder_pb2_grpc.add_EmbedderServiceServicer_to_server(FakeEmbedder(fakes), s),
         lambda s: sparse_pb2_grpc.add_SparseServiceServicer_to_server(FakeSparse(fakes), s),
+        lambda s: reranker_pb2_grpc.add_RerankerServiceServicer_to_server(FakeReranker(fakes), s),
     )
     shards = [await _server(FakeIndex(fakes, i).register) for i in range(2)]
-    settings = GatewaySettings(
+    test_settings: dict[str, Any] = dict(
         port=0,
         log_format="text",
         # The expected fused scores in the tests are computed with these, not the tuned defaults.
@@ -170,13 +213,27 @@ async def gateway() -> AsyncIterator[Gateway]:
         embedder_address=mesh_address,
         sparse_address=mesh_address,
         index_addresses=",".join(address for _, address in shards),
+        reranker_address=mesh_address,
+        # Off by default so the fusion tests see the fused order; the rerank tests ask for it.
+        gateway_rerank=False,
+        # The reranker's order alone, easy to assert; the blend has a test of its own.
+        gateway_rerank_fused_weight=0.0,
         client_retry_backoff_s=0.01,
         breaker_fail_max=5,
         breaker_reset_s=60,
     )
+    settings = GatewaySettings(**{**test_settings, **overrides})
     running = await start_service(build_spec(settings), settings)
-    async with aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        yield Gateway(gateway_pb2_grpc.GatewayServiceStub(channel), fakes)
-    await running.stop(0)
-    for server in [mesh, *(s for s, _ in shards)]:
-        await server.stop(0)
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            yield Gateway(gateway_pb2_grpc.GatewayServiceStub(channel), fakes, settings)
+    finally:
+        await running.stop(0)
+        for server in [mesh, *(s for s, _ in shards)]:
+            await server.stop(0)
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[Gateway]:
+    async with running_gateway() as running:
+        yield running

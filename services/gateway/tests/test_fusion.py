@@ -3,8 +3,10 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.fusion import (
+    Fused,
     Hit,
     LegRank,
+    blend_reranked,
     collapse_documents,
     combine_variations,
     merge_by_score,
@@ -90,3 +92,38 @@ def test_collapse_keeps_each_documents_best_chunk_in_order() -> None:
         ("b", "b1"),
         ("c", "c1"),
     ]
+
+
+def reranked(*fused_ranks: int) -> list[Fused]:
+    """A reranker's order, best first: the chunk at each place is named after its fused rank."""
+    return [Fused(f"f{rank}", "d", 0.0, fused_rank=rank) for rank in fused_ranks]
+
+
+def ids(items: list[Fused]) -> list[str]:
+    return [item.chunk_id for item in items]
+
+
+def test_blend_with_weight_zero_keeps_the_reranker_order() -> None:
+    order = reranked(3, 1, 2)
+    blended = blend_reranked(order, 0.0, k=60)
+    assert ids(blended) == ["f3", "f1", "f2"]
+    assert blended is not order  # a new list: the caller's is left alone
+    assert blend_reranked([], 1.0, k=60) == []
+
+
+def test_blend_scores_reciprocal_ranks_of_both_orders() -> None:
+    # k=1, weight 1: f4 = 1/2 + 1/5 = 0.7, f1 = 1/3 + 1/2 = 0.83, f2 = 1/4 + 1/3 = 0.58.
+    assert ids(blend_reranked(reranked(4, 1, 2), 1.0, k=1)) == ["f1", "f4", "f2"]
+    # A smaller weight leaves the reranker's first: f4 = 1/2 + 0.2/5 = 0.54 > f1 = 1/3 + 0.1.
+    assert ids(blend_reranked(reranked(4, 1, 2), 0.2, k=1)) == ["f4", "f1", "f2"]
+
+
+def test_blend_with_a_large_weight_moves_to_the_fused_order() -> None:
+    assert ids(blend_reranked(reranked(5, 3, 1, 4, 2), 1000.0, k=60)) == ["f1", "f2", "f3", "f4", "f5"]
+
+
+def test_blend_ties_keep_the_reranker_order() -> None:
+    # k=1, weight 1: first in one order and second in the other, 1/2 + 1/3 both ways.
+    assert ids(blend_reranked(reranked(2, 1), 1.0, k=1)) == ["f2", "f1"]
+    # f3 = 1/2 + 1/4 and f1 = 1/4 + 1/2 tie (exact binary fractions) above f2 = 1/3 + 1/3.
+    assert ids(blend_reranked(reranked(3, 2, 1), 1.0, k=1)) == ["f3", "f1", "f2"]

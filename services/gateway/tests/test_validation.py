@@ -19,6 +19,7 @@ SETTINGS = GatewaySettings(
     gateway_max_pool_size=100,
     gateway_max_doc_ids=2,
     gateway_weight_exact=0.3,
+    gateway_max_rerank_candidates=50,
 )
 
 
@@ -36,6 +37,20 @@ def test_defaults_are_resolved() -> None:
         "exact": pytest.approx(SETTINGS.gateway_weight_exact),
     }
     assert params.pool_size == 0 and params.max_variations == 0
+    assert params.rerank is SETTINGS.gateway_rerank and params.rerank_candidates == 0
+
+
+@pytest.mark.parametrize("default", [True, False])
+def test_rerank_is_the_request_when_set_else_the_server_default(default: bool) -> None:
+    settings = SETTINGS.model_copy(update={"gateway_rerank": default})
+    assert validate_search(request(), settings).rerank is default
+    assert validate_search(request(rerank=not default), settings).rerank is not default
+    assert validate_search(request(rerank=default), settings).rerank is default
+
+
+def test_rerank_candidates_up_to_the_limit() -> None:
+    assert validate_search(request(rerank_candidates=50), SETTINGS).rerank_candidates == 50
+    assert validate_search(request(rerank_candidates=7), SETTINGS).rerank_candidates == 7
 
 
 def test_request_overrides_and_zero_weight_disables() -> None:
@@ -73,6 +88,7 @@ def test_request_overrides_and_zero_weight_disables() -> None:
         ({"weights": pb.LegWeights(dense=0, bm25=0, exact=0)}, "every leg weight is 0"),
         ({"rrf_k": 0}, "rrf_k"),
         ({"strategy": 7}, "strategy"),
+        ({"rerank_candidates": 51}, "rerank_candidates"),
     ],
 )
 def test_invalid_requests_are_invalid_argument(fields: dict[str, Any], fragment: str) -> None:

@@ -23,6 +23,7 @@ class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STAGE_EMBEDDER: _ClassVar[Stage]
     STAGE_INDEX: _ClassVar[Stage]
     STAGE_SPARSE: _ClassVar[Stage]
+    STAGE_RERANKER: _ClassVar[Stage]
 
 class DegradationReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -40,6 +41,7 @@ STAGE_PLANNER: Stage
 STAGE_EMBEDDER: Stage
 STAGE_INDEX: Stage
 STAGE_SPARSE: Stage
+STAGE_RERANKER: Stage
 DEGRADATION_REASON_UNSPECIFIED: DegradationReason
 DEGRADATION_REASON_UNAVAILABLE: DegradationReason
 DEGRADATION_REASON_DEADLINE: DegradationReason
@@ -57,7 +59,7 @@ class LegWeights(_message.Message):
     def __init__(self, dense: _Optional[float] = ..., bm25: _Optional[float] = ..., exact: _Optional[float] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size")
+    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size", "rerank", "rerank_candidates")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +71,8 @@ class SearchRequest(_message.Message):
     MAX_VARIATIONS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_LEG_RESULTS_FIELD_NUMBER: _ClassVar[int]
     POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RERANK_FIELD_NUMBER: _ClassVar[int]
+    RERANK_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     collection: str
     query: str
     top_k: int
@@ -80,7 +84,9 @@ class SearchRequest(_message.Message):
     max_variations: int
     include_leg_results: bool
     pool_size: int
-    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ...) -> None: ...
+    rerank: bool
+    rerank_candidates: int
+    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ..., rerank: _Optional[bool] = ..., rerank_candidates: _Optional[int] = ...) -> None: ...
 
 class LegRank(_message.Message):
     __slots__ = ("leg", "rank", "score")
@@ -93,7 +99,7 @@ class LegRank(_message.Message):
     def __init__(self, leg: _Optional[_Union[Leg, str]] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SearchResult(_message.Message):
-    __slots__ = ("chunk_id", "doc_id", "title", "text", "location", "fused_score", "leg_ranks")
+    __slots__ = ("chunk_id", "doc_id", "title", "text", "location", "fused_score", "leg_ranks", "rerank_score", "fused_rank")
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +107,8 @@ class SearchResult(_message.Message):
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     FUSED_SCORE_FIELD_NUMBER: _ClassVar[int]
     LEG_RANKS_FIELD_NUMBER: _ClassVar[int]
+    RERANK_SCORE_FIELD_NUMBER: _ClassVar[int]
+    FUSED_RANK_FIELD_NUMBER: _ClassVar[int]
     chunk_id: str
     doc_id: str
     title: str
@@ -108,7 +116,9 @@ class SearchResult(_message.Message):
     location: _common_pb2.ChunkLocation
     fused_score: float
     leg_ranks: _containers.RepeatedCompositeFieldContainer[LegRank]
-    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ..., fused_score: _Optional[float] = ..., leg_ranks: _Optional[_Iterable[_Union[LegRank, _Mapping]]] = ...) -> None: ...
+    rerank_score: float
+    fused_rank: int
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ..., fused_score: _Optional[float] = ..., leg_ranks: _Optional[_Iterable[_Union[LegRank, _Mapping]]] = ..., rerank_score: _Optional[float] = ..., fused_rank: _Optional[int] = ...) -> None: ...
 
 class Degradation(_message.Message):
     __slots__ = ("stage", "reason", "message", "legs")
@@ -149,15 +159,19 @@ class LegResult(_message.Message):
     def __init__(self, leg: _Optional[_Union[Leg, str]] = ..., hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("results", "plan", "degradations", "timings", "leg_results")
+    __slots__ = ("results", "plan", "degradations", "timings", "leg_results", "reranked", "fused_hits")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     DEGRADATIONS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     LEG_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    RERANKED_FIELD_NUMBER: _ClassVar[int]
+    FUSED_HITS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[SearchResult]
     plan: _planner_pb2.Plan
     degradations: _containers.RepeatedCompositeFieldContainer[Degradation]
     timings: _containers.RepeatedCompositeFieldContainer[StageTiming]
     leg_results: _containers.RepeatedCompositeFieldContainer[LegResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., leg_results: _Optional[_Iterable[_Union[LegResult, _Mapping]]] = ...) -> None: ...
+    reranked: bool
+    fused_hits: _containers.RepeatedCompositeFieldContainer[LegHit]
+    def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., leg_results: _Optional[_Iterable[_Union[LegResult, _Mapping]]] = ..., reranked: _Optional[bool] = ..., fused_hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ...) -> None: ...

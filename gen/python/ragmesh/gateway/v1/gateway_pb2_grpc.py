@@ -31,7 +31,8 @@ class GatewayServiceStub:
     keywords) and fuses the ranked lists with weighted Reciprocal Rank Fusion. Every downstream
     call is bounded by the caller's deadline, retried only where idempotent and guarded by a
     circuit breaker; a failed leg is reported as a typed degradation and the search answers
-    from the others.
+    from the others. The fused candidates are then reranked by a cross-encoder (when enabled);
+    a reranker that fails or is late leaves the fused order, with a degradation.
     """
 
     def __init__(self, channel):
@@ -53,7 +54,8 @@ class GatewayServiceServicer:
     keywords) and fuses the ranked lists with weighted Reciprocal Rank Fusion. Every downstream
     call is bounded by the caller's deadline, retried only where idempotent and guarded by a
     circuit breaker; a failed leg is reported as a typed degradation and the search answers
-    from the others.
+    from the others. The fused candidates are then reranked by a cross-encoder (when enabled);
+    a reranker that fails or is late leaves the fused order, with a degradation.
     """
 
     def Search(self, request, context):
@@ -84,7 +86,8 @@ class GatewayService:
     keywords) and fuses the ranked lists with weighted Reciprocal Rank Fusion. Every downstream
     call is bounded by the caller's deadline, retried only where idempotent and guarded by a
     circuit breaker; a failed leg is reported as a typed degradation and the search answers
-    from the others.
+    from the others. The fused candidates are then reranked by a cross-encoder (when enabled);
+    a reranker that fails or is late leaves the fused order, with a degradation.
     """
 
     @staticmethod

@@ -1,0 +1,315 @@
+"""Reranker tier: latency and throughput of the service against the model's raw in-process
+throughput, int8 against fp32 score agreement, and the speed/quality trade-off on CPU.
+
+    make bench    # or: .venv/bin/python -m bench.rerank_bench --dataset ../shared/bench/scifact
+
+1. Raw vs service. The same (query, passage) pairs, SciFact train claims against their BM25 top
+   chunks, scored (a) by ``CrossEncoderModel.score_pairs`` in batches of 64 in this process and
+   (b) through the reranker service over gRPC (the real servicer and micro-batcher, started in
+   this process on a loopback port), with 35 and 60 candidates per request at concurrency 1 and
+   8. Sides alternate in ABBA order so drift on a shared machine falls on both.
+2. int8 vs fp32. With the fp32 export the build leaves in its work dir, the Spearman correlation
+   of the two models' scores over each claim's candidates (mean over claims), and the share of
+   claims whose top-1 is the same.
+3. Trade-off (``--gateway``: a running mesh holding the dataset). The fused candidates of the test
+   claims, fetched once from the gateway (rerank off), are reranked in this process under each
+   variant (tokens per pair, candidates), with the gateway's own selection and blend code:
+   nDCG@10 and the p50 time to score one claim's candidates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from grpc import aio
+
+from meshkit.server import start_service
+from meshkit.settings import GatewaySettings, RerankerSettings
+from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
+from ragmesh_cli import metrics
+from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.rerankerbuild.export import write_manifest
+from ragmesh_cli.rerankerbuild.mining import bm25_collection, chunk_corpus, read_beir_corpus
+from services.gateway.fusion import Fused, blend_reranked
+from services.reranker.model import CrossEncoderModel
+from services.reranker.selection import select
+from services.reranker.servicer import build_spec
+
+RESULTS = Path("bench/results/rerank.json")
+# Pairs per raw measurement: two model runs of 64, the service's batch size.
+RAW_PAIRS = 128
+
+
+@dataclass
+class Workload:
+    queries: list[str]
+    # Per query: its candidate passages, best BM25 first.
+    candidates: list[list[str]]
+
+
+def train_workload(dataset: Path, claims: int, depth: int, seed: int) -> Workload:
+    """Train claims (never test) with their BM25 top chunks, as the gateway would send them."""
+    data = load_dataset(dataset, "train")
+    corpus = chunk_corpus(read_beir_corpus(data.corpus_path), "bench")
+    chosen = sorted(data.queries.items())
+    random.Random(seed).shuffle(chosen)
+    with tempfile.TemporaryDirectory(prefix="ragmesh-rerank-bench-") as workdir:
+        bm25 = bm25_collection(corpus, Path(workdir))
+        index = {p.chunk_id: p.text for p in corpus.passages}
+        queries, candidates = [], []
+        for _, text in chosen[:claims]:
+            hits = bm25.search_bm25(text, depth, [])
+            queries.append(text)
+            candidates.append([index[h.chunk_id] for h in hits])
+        bm25.close()
+    return Workload(queries, candidates)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else 0.0
+
+
+# ---------------------------------------------------------------------------- 1. raw vs service
+
+
+def raw_pairs_per_s(model: CrossEncoderModel, work: Workload, pairs: int) -> float:
+    queries = [q for q, c in zip(work.queries, work.candidates, strict=True) for _ in c][:pairs]
+    texts = [t for c in work.candidates for t in c][:pairs]
+    started = time.perf_counter()
+    model.score_pairs(queries, texts)
+    return len(texts) / (time.perf_counter() - started)
+
+
+async def service_load(
+    stub: reranker_pb2_grpc.RerankerServiceStub,
+    work: Workload,
+    candidates: int,
+    concurrency: int,
+    requests: int,
+) -> dict[str, float]:
+    latencies: list[float] = []
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        query, texts = (
+            work.queries[i % len(work.queries)],
+            work.candidates[i % len(work.queries)][:candidates],
+        )
+        request = reranker_pb2.RerankRequest(
+            query=query, passages=[reranker_pb2.Passage(id=str(j), text=t) for j, t in enumerate(texts)]
+        )
+        async with gate:
+            started = time.perf_counter()
+            await stub.Rerank(request, timeout=120)
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(requests)))
+    wall = time.perf_counter() - started
+    return {
+        "p50_ms": round(percentile(latencies, 50), 1),
+        "p95_ms": round(percentile(latencies, 95), 1),
+        "pairs_per_s": round(requests * candidates / wall, 1),
+    }
+
+
+async def raw_vs_service(model: CrossEncoderModel, work: Workload, requests: int) -> dict[str, Any]:
+    settings = RerankerSettings(port=0, log_format="text", reranker_max_passages=256)
+    spec, _ = build_spec(settings, model)
+    running = await start_service(spec, settings)
+    rows: dict[str, Any] = {}
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = reranker_pb2_grpc.RerankerServiceStub(channel)
+            await service_load(stub, work, 8, 1, 2)  # warm-up
+            raw: list[float] = []
+            for candidates in (35, 60):
+                for concurrency in (1, 8):
+                    # ABBA: raw, service, service, raw.
+                    raw.append(await asyncio.to_thread(raw_pairs_per_s, model, work, RAW_PAIRS))
+                    first = await service_load(stub, work, candidates, concurrency, requests)
+                    second = await service_load(stub, work, candidates, concurrency, requests)
+                    raw.append(await asyncio.to_thread(raw_pairs_per_s, model, work, RAW_PAIRS))
+                    name = f"{candidates}@c{concurrency}"
+                    rows[name] = {key: round((first[key] + second[key]) / 2, 1) for key in first}
+                    print(f"  {candidates} candidates, concurrency {concurrency}: {rows[name]}")
+    finally:
+        await running.stop(0)
+    raw_rate = statistics.median(raw)
+    for row in rows.values():
+        row["vs_raw"] = round(row["pairs_per_s"] / raw_rate, 2)
+    return {"raw_pairs_per_s": round(raw_rate, 1), "service": rows}
+
+
+# ---------------------------------------------------------------------------- 2. int8 vs fp32
+
+
+def fp32_model(model_dir: Path, fp32: Path, scratch: Path) -> CrossEncoderModel:
+    """The fp32 export as a model directory (same tokenizer and calibration as the int8 one)."""
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    (scratch / "model.onnx").symlink_to(fp32.resolve())
+    (scratch / "tokenizer.json").symlink_to((model_dir / "tokenizer.json").resolve())
+    manifest.pop("files", None)
+    write_manifest(scratch, manifest)
+    return CrossEncoderModel.load(scratch)
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def int8_vs_fp32(
+    int8: CrossEncoderModel, fp32: CrossEncoderModel, work: Workload, depth: int
+) -> dict[str, Any]:
+    correlations, same_top = [], 0
+    for query, texts in zip(work.queries, work.candidates, strict=True):
+        a, _ = int8.score(query, texts[:depth])
+        b, _ = fp32.score(query, texts[:depth])
+        correlations.append(spearman(a, b))
+        same_top += int(np.argmax(a) == np.argmax(b))
+    return {
+        "claims": len(work.queries),
+        "candidates": depth,
+        "spearman_mean": round(statistics.mean(correlations), 4),
+        "spearman_min": round(min(correlations), 4),
+        "same_top1_share": round(same_top / len(work.queries), 4),
+    }
+
+
+# ---------------------------------------------------------------------------- 3. trade-off
+
+
+async def fused_candidates(
+    address: str, collection: str, queries: dict[str, str], depth: int
+) -> dict[str, list[gateway_pb2.SearchResult]]:
+    out: dict[str, list[gateway_pb2.SearchResult]] = {}
+    async with aio.insecure_channel(address) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        for qid, text in queries.items():
+            request = gateway_pb2.SearchRequest(
+                collection=collection, query=text, top_k=depth, collapse_documents=True, rerank=False
+            )
+            out[qid] = list((await stub.Search(request, timeout=60)).results)
+    return out
+
+
+def rerank_run(
+    model: CrossEncoderModel,
+    query: str,
+    results: Sequence[gateway_pb2.SearchResult],
+    count: int,
+    weight: float,
+) -> tuple[list[str], float]:
+    """The gateway's second stage in process: score, threshold/fallback, blend, then the rest."""
+    settings = RerankerSettings()
+    head = results[:count]
+    started = time.perf_counter()
+    scores, _ = model.score(query, [r.text for r in head])
+    elapsed = (time.perf_counter() - started) * 1000
+    chosen = select(scores.tolist(), settings.reranker_min_score, settings.reranker_fallback_count, 0)
+    items = [
+        Fused(head[i].chunk_id, head[i].doc_id, head[i].fused_score, fused_rank=i + 1) for i in chosen.order
+    ]
+    ordered = items if chosen.fallback else blend_reranked(items, weight, 10)
+    return [f.doc_id for f in ordered] + [r.doc_id for r in results[count:]], elapsed
+
+
+def trade_off(
+    model_dir: Path,
+    candidates: dict[str, list[gateway_pb2.SearchResult]],
+    queries: dict[str, str],
+    qrels: metrics.Qrels,
+    variants: Sequence[tuple[int, int]],
+    weight: float,
+) -> list[dict[str, Any]]:
+    ndcg = metrics.STANDARD_METRICS["ndcg@10"]
+    rows = []
+    fused_run = {qid: [r.doc_id for r in results] for qid, results in candidates.items()}
+    fused_score = metrics.mean(metrics.per_query(fused_run, qrels, ndcg).values())
+    for tokens, count in variants:
+        model = CrossEncoderModel.load(model_dir, max_tokens=tokens)
+        run, times = {}, []
+        for qid, results in candidates.items():
+            run[qid], ms = rerank_run(model, queries[qid], results, count, weight)
+            times.append(ms)
+        score = metrics.mean(metrics.per_query(run, qrels, ndcg).values())
+        row = {
+            "max_tokens": tokens,
+            "candidates": count,
+            "ndcg@10": round(score, 4),
+            "fused_ndcg@10": round(fused_score, 4),
+            "p50_ms": round(percentile(times, 50), 1),
+            "p95_ms": round(percentile(times, 95), 1),
+        }
+        print(f"  {row}")
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dataset", type=Path, default=Path("../shared/bench/scifact"))
+    parser.add_argument("--model-dir", type=Path, default=RerankerSettings().reranker_model_dir)
+    parser.add_argument("--fp32", type=Path, default=Path(".cache/reranker-build/model-fp32.onnx"))
+    parser.add_argument("--claims", type=int, default=20, help="train claims for sections 1 and 2")
+    parser.add_argument("--requests", type=int, default=8, help="service requests per measurement")
+    parser.add_argument("--gateway", default=None, help="a mesh holding the dataset: run section 3")
+    parser.add_argument("--collection", default="scifact")
+    parser.add_argument("--limit", type=int, default=100, help="test claims for section 3 (0: all)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    report: dict[str, Any] = {"model_dir": str(args.model_dir)}
+    model = CrossEncoderModel.load(args.model_dir)
+    report["model"] = {
+        "name": model.manifest.name,
+        "provider": model.provider,
+        "max_tokens": model.max_tokens,
+    }
+    print(f"building the workload: {args.claims} train claims x their BM25 top 60")
+    work = train_workload(args.dataset, args.claims, 60, seed=7)
+    print("1. raw in-process vs service")
+    report["raw_vs_service"] = asyncio.run(raw_vs_service(model, work, args.requests))
+    if args.fp32.is_file():
+        print("2. int8 vs fp32")
+        with tempfile.TemporaryDirectory() as scratch:
+            fp32 = fp32_model(args.model_dir, args.fp32, Path(scratch))
+            report["int8_vs_fp32"] = int8_vs_fp32(model, fp32, work, 20)
+            print(f"  {report['int8_vs_fp32']}")
+    else:
+        print(f"2. skipped: no fp32 export at {args.fp32} (make reranker-model leaves one)")
+    if args.gateway:
+        print("3. trade-off on the test split")
+        data = load_dataset(args.dataset, "test", args.limit or None)
+        fused = asyncio.run(fused_candidates(args.gateway, args.collection, data.queries, 100))
+        variants = [(256, 35), (192, 35), (128, 35), (256, 20), (128, 20)]
+        report["trade_off"] = trade_off(
+            args.model_dir,
+            fused,
+            data.queries,
+            data.qrels,
+            variants,
+            GatewaySettings().gateway_rerank_fused_weight,
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

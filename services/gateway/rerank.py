@@ -1,0 +1,87 @@
+"""The second stage: the fused candidates, hydrated with their text, reordered by the reranker.
+
+Reranking is optional by design: a reranker that is down, refuses, or does not answer within what
+is left of the caller's deadline leaves the fused order and a ``reranker`` degradation; the search
+still answers. Passages that pass the reranker's threshold come first, in the blend of the
+reranker's and the fused order; those under it follow in fused order, unscored. When none passes,
+the reranker returns them all in fused order (its fallback) and so does the gateway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from meshkit.client import Downstream, DownstreamError
+from meshkit.settings import GatewaySettings
+from ragmesh.planner.v1 import planner_pb2
+from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
+from ragmesh.sparse.v1 import sparse_pb2
+from services.gateway.fusion import Fused, blend_reranked
+
+RERANKER = "reranker"
+
+
+@dataclass
+class Reranked:
+    results: list[Fused]
+    # False: fused order (reranking off, failed, or no passage passed the threshold).
+    reranked: bool
+
+
+def candidate_count(settings: GatewaySettings, requested: int, strategy: int) -> int:
+    """Candidates to rerank: the caller's number, else the seeds' per-strategy default."""
+    if requested:
+        return requested
+    if strategy == planner_pb2.STRATEGY_EXHAUSTIVE:
+        return settings.gateway_rerank_candidates_exhaustive
+    return settings.gateway_rerank_candidates_precise
+
+
+def _request(
+    query: str, candidates: Sequence[Fused], chunks: dict[str, sparse_pb2.ChunkText]
+) -> reranker_pb2.RerankRequest:
+    # On a fallback the gateway keeps every candidate in fused order, so it asks for all of them
+    # back (the reranker's own default returns only the first 20).
+    return reranker_pb2.RerankRequest(
+        query=query,
+        fallback_count=len(candidates),
+        passages=[
+            reranker_pb2.Passage(id=item.chunk_id, text=chunks[item.chunk_id].text) for item in candidates
+        ],
+    )
+
+
+async def rerank(
+    reranker: Downstream[reranker_pb2_grpc.RerankerServiceStub],
+    query: str,
+    candidates: list[Fused],
+    chunks: dict[str, sparse_pb2.ChunkText],
+    *,
+    deadline: float,
+    fused_weight: float,
+    rrf_k: float,
+) -> Reranked:
+    """Rerank ``candidates`` (all hydrated). Raises DownstreamError when the reranker fails."""
+    request = _request(query, candidates, chunks)
+    reply = await reranker.call(
+        reranker.stub.Rerank, request, timeout=deadline - time.monotonic(), idempotent=True
+    )
+    by_id = {item.chunk_id: item for item in candidates}
+    ordered = []
+    for result in reply.results:
+        item = by_id.get(result.id)
+        if item is None:
+            raise DownstreamError(
+                reranker.target, "error", None, f"unknown passage id {result.id!r} in the reply"
+            )
+        item.rerank_score = result.score
+        ordered.append(item)
+    if reply.fallback:
+        return Reranked(ordered, reranked=False)
+    # Candidates under the threshold are not dropped but placed after those that pass, in fused
+    # order: a search still answers top_k results (dropping them cost 0.05 Recall@100 on SciFact).
+    passed = {item.chunk_id for item in ordered}
+    failed = [item for item in candidates if item.chunk_id not in passed]
+    return Reranked([*blend_reranked(ordered, fused_weight, rrf_k), *failed], reranked=True)

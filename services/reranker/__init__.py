@@ -1,0 +1,1 @@
+"""Reranker service: a cross-encoder that orders the gateway's fused candidates."""
