@@ -176,8 +176,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_build_reranker(args: argparse.Namespace) -> int:
+    import importlib.util
+
     from ragmesh_cli.rerankerbuild import build
 
+    if importlib.util.find_spec("torch") is None:
+        raise InputError(
+            "the build needs torch: pip install -r requirements-build.txt (or: make reranker-model)"
+        )
     return build.run_build(args)
 
 

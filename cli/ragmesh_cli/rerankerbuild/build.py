@@ -19,7 +19,7 @@ import numpy as np
 from ragmesh_cli.evaluation import load_dataset
 from ragmesh_cli.rerankerbuild import mining
 from ragmesh_cli.rerankerbuild.mining import Mined, Passage, progress
-from ragmesh_cli.rerankerbuild.validation import evaluate
+from ragmesh_cli.rerankerbuild.validation import evaluate, first_stage
 
 MODEL_NAME = "ragmesh-minilm-l6-ce-v1"
 VALIDATION_SHARE = 0.15
@@ -70,8 +70,6 @@ def fit_calibration(scores: np.ndarray, labels: np.ndarray, steps: int = 2000) -
 def calibration_pairs(
     items: Sequence[Mined], passages: Sequence[Passage], depth: int
 ) -> tuple[list[str], list[str], np.ndarray]:
-    from ragmesh_cli.rerankerbuild.validation import first_stage
-
     queries, texts, labels = [], [], []
     for item in items:
         gold = set(item.positive_docs)

@@ -6,18 +6,20 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from meshkit.ids import sha256_file
-from ragmesh_cli.rerankerbuild.bert import CrossEncoder
+
+if TYPE_CHECKING:
+    from ragmesh_cli.rerankerbuild.bert import CrossEncoder
 
 MANIFEST = "manifest.json"
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def export_fp32(model: CrossEncoder, path: Path) -> None:
+    import torch  # only the build has it; write_manifest serves benchmarks without it
+
     model.eval()
     sample = torch.ones((2, 16), dtype=torch.long)
     dynamic = {name: {0: "batch", 1: "sequence"} for name in INPUTS}

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 
 from ragmesh_cli.rerankerbuild.bert import CrossEncoder
 from ragmesh_cli.rerankerbuild.mining import Mined, Passage, progress
+from ragmesh_cli.rerankerbuild.validation import Scorer
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,6 @@ def parameter_groups(model: CrossEncoder, config: TrainConfig) -> list[dict[str,
         }
         for (head, decays), params in sorted(groups.items())
     ]
-
-
-Scorer = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 
 
 def torch_scorer(model: CrossEncoder, encoder: PairEncoder, batch: int = 32) -> Scorer:

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from ragmesh_cli import metrics
 from ragmesh_cli.rerankerbuild.mining import Mined, Passage
-from ragmesh_cli.rerankerbuild.train import Scorer
+
+# (queries, passages) -> one score per pair; the torch model while training, ONNX after export.
+Scorer = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 
 RRF_K = 10.0
 BLEND_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
