@@ -105,7 +105,9 @@ def _is_health_neutral(exc: BaseException) -> bool:
     return isinstance(exc, aio.AioRpcError) and exc.code() not in FAILURE_CODES
 
 
-class _BreakerMetrics(pybreaker.CircuitBreakerListener):
+class BreakerMetrics(pybreaker.CircuitBreakerListener):
+    """Exports a breaker's state as ragmesh_breaker_open{target} and logs each change."""
+
     def __init__(self, target: str) -> None:
         self.target = target
 
@@ -146,7 +148,7 @@ class Downstream(Generic[StubT]):
             fail_max=self.policy.breaker_fail_max,
             reset_timeout=self.policy.breaker_reset_s,
             exclude=[_is_health_neutral],
-            listeners=[_BreakerMetrics(target)],
+            listeners=[BreakerMetrics(target)],
             name=target,
             # The call that trips the breaker reached the downstream: report what it answered,
             # not 'breaker_open' (kept for calls the open breaker refused).

@@ -297,3 +297,33 @@ class GatewaySettings(MeshSettings):
     gateway_rerank_share: float = Field(
         0.6, gt=0, le=1, description="Share of the caller's deadline kept from the legs for reranking."
     )
+
+
+class LLMSettings(MeshSettings):
+    """The LLM tier: any OpenAI-compatible server (vLLM, llama.cpp server, Ollama)."""
+
+    llm_base_url: str = Field(
+        "http://127.0.0.1:8080/v1",
+        description="OpenAI-compatible API root (.../v1, without /chat/completions).",
+    )
+    llm_model: str = Field("smollm2-135m-instruct", description="Model name sent with every request.")
+    llm_api_key: str = Field(
+        "", description="Bearer token; empty: no Authorization header (never logged).", repr=False
+    )
+    llm_timeout_s: float = Field(30.0, gt=0, description="Deadline of one LLM call, retries included.")
+    llm_retry_attempts: int = Field(
+        2,
+        ge=1,
+        description="Attempts per call on connect errors, timeouts and 429/502/503/504 (1: no retry).",
+    )
+    llm_retry_backoff_s: float = Field(0.2, ge=0, description="First retry backoff; doubles, jittered.")
+    llm_breaker_fail_max: int = Field(
+        5, ge=1, description="Consecutive failures that open the LLM server's breaker."
+    )
+    llm_breaker_reset_s: float = Field(
+        30.0, gt=0, description="Seconds an open LLM breaker waits before a trial call."
+    )
+    llm_max_tokens: int = Field(512, ge=1, description="Default completion length limit, in tokens.")
+    llm_temperature: float = Field(
+        0.0, ge=0, le=2, description="Default sampling temperature (0: deterministic, best for parsing)."
+    )
