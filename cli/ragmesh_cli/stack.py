@@ -46,6 +46,7 @@ SERVICE_MODULES: dict[str, str] = {
     "sparse": "services.sparse",
     "planner": "services.planner",
     "reranker": "services.reranker",
+    "llm": "services.llm",
     "ingestion": "services.ingestion",
     "gateway": "services.gateway",
     "worker": "services.ingestion.worker",
@@ -60,10 +61,13 @@ STAGE_OF_KIND = {
     "sparse": 1,
     "planner": 1,
     "reranker": 1,
+    "llm": 1,
     "ingestion": 2,
     "gateway": 2,
     "worker": 3,
 }
+# Service kinds that answer HTTP health instead of gRPC health (the LLM server is llama.cpp's).
+HTTP_HEALTH_PATHS = {"llm": "/health"}
 SERVING = "SERVING"
 DOWN = "DOWN"
 UNREACHABLE = "UNREACHABLE"
@@ -294,6 +298,8 @@ class Stack:
             env["RAGMESH_GATEWAY_ADDRESS"] = self.address("gateway")
         # A stack without the reranker tier runs the gateway without one (no address, no degradation).
         env["RAGMESH_RERANKER_ADDRESS"] = self.address("reranker") if "reranker" in self.components else ""
+        if "llm" in self.components:
+            env["RAGMESH_LLM_BASE_URL"] = f"http://{self.address('llm')}/v1"
         return env
 
     def _process_env(self, comp: Component) -> dict[str, str]:
@@ -412,6 +418,8 @@ class Stack:
         if comp.kind == S3:
             creds = self._credentials()
             return await asyncio.to_thread(_probe_s3, comp.address, creds["access_key"], creds["secret_key"])
+        if comp.kind in HTTP_HEALTH_PATHS:
+            return await _probe_http(f"http://{comp.address}{HTTP_HEALTH_PATHS[comp.kind]}")
         from meshkit.client import check_health
 
         return await check_health(comp.address, timeout=1.0)
@@ -623,9 +631,12 @@ async def _down() -> str:
 
 
 async def _probe_nats(monitor_port: int) -> str:
+    return await _probe_http(f"http://{LOOPBACK}:{monitor_port}/healthz?js-enabled-only=true")
+
+
+async def _probe_http(url: str) -> str:
     import httpx
 
-    url = f"http://{LOOPBACK}:{monitor_port}/healthz?js-enabled-only=true"
     try:
         async with httpx.AsyncClient(timeout=1.0) as client:
             reply = await client.get(url)

@@ -1,6 +1,7 @@
 """The LLM tier's client against the real local default server: llama.cpp (xllamacpp) serving
-SmolLM2 on loopback. Chat, JSON-schema structured output validated by pydantic, streaming, and a
-server killed mid-stream ending the stream with an error instead of a hang."""
+SmolLM2 on loopback, as `ragmesh up` starts it. Chat, JSON-schema structured output validated by
+pydantic, streaming, and a server killed mid-stream ending the stream with an error instead of a
+hang (on a server of its own, so the stack's keeps serving)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 from pydantic import BaseModel, Field
@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from meshkit.llm import LLMError, OpenAICompatibleLLM
 from meshkit.settings import LLMSettings
 from ragmesh_cli.procutil import free_ports
+from ragmesh_cli.stack import Stack
 
 pytestmark = pytest.mark.integration
 
@@ -62,10 +63,10 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = Server(str(tmp_path_factory.mktemp("llm")))
-    yield running
-    running.stop()
+def base_url(stack: Stack) -> str:
+    if "llm" not in stack.services:
+        pytest.skip("the llm server is not in this checkout")
+    return stack.client_env()["RAGMESH_LLM_BASE_URL"]
 
 
 def client(base_url: str, **overrides: object) -> OpenAICompatibleLLM:
@@ -83,21 +84,21 @@ class Keywords(BaseModel):
 QUESTION = [{"role": "user", "content": "List three keywords about volcanoes."}]
 
 
-async def test_chat_answers(server: Server) -> None:
-    async with client(server.base_url) as llm:
+async def test_chat_answers(base_url: str) -> None:
+    async with client(base_url) as llm:
         text = await llm.chat([{"role": "user", "content": "Say hello."}], max_tokens=16)
     assert text.strip()
 
 
-async def test_structured_output_is_a_validated_model(server: Server) -> None:
-    async with client(server.base_url) as llm:
+async def test_structured_output_is_a_validated_model(base_url: str) -> None:
+    async with client(base_url) as llm:
         reply = await llm.structured(QUESTION, Keywords, max_tokens=96)
     assert isinstance(reply, Keywords)
     assert all(isinstance(k, str) for k in reply.keywords) and isinstance(reply.count, int)
 
 
-async def test_stream_yields_deltas(server: Server) -> None:
-    async with client(server.base_url) as llm:
+async def test_stream_yields_deltas(base_url: str) -> None:
+    async with client(base_url) as llm:
         deltas = [d async for d in llm.stream(QUESTION, max_tokens=32)]
     assert len(deltas) > 1 and "".join(deltas).strip()
 
