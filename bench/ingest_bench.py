@@ -44,13 +44,7 @@ def load_corpus(corpus: Path) -> list[dict[str, str]]:
 
 def chunk_texts(docs: list[dict[str, str]]) -> list[str]:
     """The exact chunk texts the pipeline will embed (same chunker, same settings)."""
-    settings = IngestionSettings()
-    chunker = Chunker(
-        settings.ingest_tokenizer_path,
-        settings.ingest_chunk_tokens,
-        settings.ingest_chunk_overlap_tokens,
-        settings.ingest_model_max_tokens,
-    )
+    chunker = Chunker.from_settings(IngestionSettings())
     texts: list[str] = []
     for doc in docs:
         normalized = normalize(doc["text"].encode(), ingestion_pb2.DOCUMENT_FORMAT_TEXT, doc["title"])

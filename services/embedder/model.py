@@ -19,12 +19,11 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from meshkit.ids import sha256_file
+from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER, ProviderUnavailable, choose_providers
 from meshkit.settings import EmbedderSettings
 
 log = logging.getLogger("ragmesh.embedder.model")
 
-CPU_PROVIDER = "CPUExecutionProvider"
-CUDA_PROVIDER = "CUDAExecutionProvider"
 
 # Measured on 2 CPU cores: past ~1k padded tokens per run throughput drops (64 x 200-token passages
 # run ~35% slower per text than 4-8 at a time) as the attention buffers fall out of cache.
@@ -69,20 +68,6 @@ def verify_file(path: Path, expected_sha256: str, what: str) -> None:
         raise ModelLoadError(
             f"{what} file {path} failed its integrity check: expected sha256 {expected_sha256}, got {actual}"
         )
-
-
-def choose_providers(requested: str, available: Sequence[str]) -> list[str]:
-    """ONNX Runtime providers in priority order for the requested mode."""
-    if requested == "cpu":
-        return [CPU_PROVIDER]
-    if CUDA_PROVIDER in available:
-        return [CUDA_PROVIDER, CPU_PROVIDER]
-    if requested == "cuda":
-        raise ModelLoadError(
-            f"embedder_provider=cuda but ONNX Runtime offers only {list(available)} "
-            "(install onnxruntime-gpu on a machine with CUDA)"
-        )
-    return [CPU_PROVIDER]
 
 
 class EmbeddingModel:
@@ -242,7 +227,12 @@ def _load_session(path: Path, settings: EmbedderSettings) -> ort.InferenceSessio
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if settings.embedder_intra_op_threads > 0:
         options.intra_op_num_threads = settings.embedder_intra_op_threads
-    providers = choose_providers(settings.embedder_provider, ort.get_available_providers())
+    try:
+        providers = choose_providers(
+            settings.embedder_provider, ort.get_available_providers(), "embedder_provider"
+        )
+    except ProviderUnavailable as exc:
+        raise ModelLoadError(str(exc)) from exc
     try:
         session = ort.InferenceSession(str(path), options, providers=providers)
     except Exception as exc:

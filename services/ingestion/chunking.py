@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 from tokenizers import Tokenizer
 
+from meshkit.settings import IngestionSettings
+
 # WordPiece maps any word longer than 100 chars to a single [UNK]: such a "token" is cut
 # into pseudo-tokens of this many chars so that chunk boundaries can fall inside it.
 _MAX_UNIT_CHARS = 100
@@ -168,6 +170,17 @@ class Chunker:
         if self.max_chunk_chars < 4 * _MAX_UNIT_CHARS:
             raise ValueError(f"max_chunk_chars must be at least {4 * _MAX_UNIT_CHARS}")
         self._prefix_cap = chunk_tokens // 4
+
+    @classmethod
+    def from_settings(cls, settings: IngestionSettings) -> Chunker:
+        """The chunker the ingestion workers use: anything that must see the same chunks (the
+        reranker build, benchmarks) builds it here."""
+        return cls(
+            settings.ingest_tokenizer_path,
+            settings.ingest_chunk_tokens,
+            settings.ingest_chunk_overlap_tokens,
+            settings.ingest_model_max_tokens,
+        )
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` without special tokens."""

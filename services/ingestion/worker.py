@@ -125,12 +125,7 @@ class IngestWorker:
             ],
             Downstream("sparse", settings.sparse_address, sparse_pb2_grpc.SparseServiceStub, policy),
         )
-        chunker = Chunker(
-            settings.ingest_tokenizer_path,
-            settings.ingest_chunk_tokens,
-            settings.ingest_chunk_overlap_tokens,
-            settings.ingest_model_max_tokens,
-        )
+        chunker = Chunker.from_settings(settings)
         objects = ObjectStore.from_settings(settings)
         await objects.ensure_bucket(settings.documents_bucket)
         self.pipeline = IngestPipeline(settings, objects, self.state, self.stores, chunker)

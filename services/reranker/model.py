@@ -27,14 +27,13 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from meshkit.ids import sha256_file
+from meshkit.onnxrt import CUDA_PROVIDER, ProviderUnavailable, choose_providers
 
 log = logging.getLogger("ragmesh.reranker.model")
 
 MANIFEST = "manifest.json"
 MODEL_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
-CPU_PROVIDER = "CPUExecutionProvider"
-CUDA_PROVIDER = "CUDAExecutionProvider"
 SINGLE_LOGIT, TWO_CLASS = "single_logit", "two_class"
 
 
@@ -95,19 +94,6 @@ def verify_files(model_dir: Path, manifest: Manifest) -> None:
             raise ModelLoadError(
                 f"{path} failed its integrity check: expected sha256 {expected}, got {actual}"
             )
-
-
-def choose_providers(requested: str, available: Sequence[str]) -> list[str]:
-    if requested == "cpu":
-        return [CPU_PROVIDER]
-    if CUDA_PROVIDER in available:
-        return [CUDA_PROVIDER, CPU_PROVIDER]
-    if requested == "cuda":
-        raise ModelLoadError(
-            f"reranker_provider=cuda but ONNX Runtime offers only {list(available)} "
-            "(install onnxruntime-gpu on a machine with CUDA)"
-        )
-    return [CPU_PROVIDER]
 
 
 def head_of(session: ort.InferenceSession, declared: str) -> str:
@@ -267,7 +253,10 @@ def _load_session(path: Path, provider: str, threads: int) -> ort.InferenceSessi
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads > 0:
         options.intra_op_num_threads = threads
-    providers = choose_providers(provider, ort.get_available_providers())
+    try:
+        providers = choose_providers(provider, ort.get_available_providers(), "reranker_provider")
+    except ProviderUnavailable as exc:
+        raise ModelLoadError(str(exc)) from exc
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=providers)
     except Exception as exc:

@@ -8,10 +8,12 @@ separated, '' for none) limits the services started, e.g. to debug the superviso
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from grpc import aio
 
+from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh_cli.stack import ALL_SERVICES, Stack, available_services
 
 
@@ -66,3 +68,14 @@ def stack_addresses(stack: Stack) -> dict[str, str]:
 def stack_env(stack: Stack) -> dict[str, str]:
     """The RAGMESH_* settings a client of the mesh needs (addresses, S3 credentials)."""
     return stack.client_env()
+
+
+@pytest.fixture
+async def gateway(stack: Stack) -> AsyncIterator[gateway_pb2_grpc.GatewayServiceStub]:
+    """A channel to the stack's gateway that reconnects quickly after the gateway restarts."""
+    channel = aio.insecure_channel(
+        stack.address("gateway"),
+        options=[("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)],
+    )
+    yield gateway_pb2_grpc.GatewayServiceStub(channel)
+    await channel.close()

@@ -63,16 +63,6 @@ async def corpus(stack: Stack) -> AsyncIterator[str]:
         await mesh.close()
 
 
-@pytest.fixture
-async def gateway(stack: Stack) -> AsyncIterator[gateway_pb2_grpc.GatewayServiceStub]:
-    channel = aio.insecure_channel(
-        stack.address("gateway"),
-        options=[("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)],
-    )
-    yield gateway_pb2_grpc.GatewayServiceStub(channel)
-    await channel.close()
-
-
 def request(collection: str, query: str, **fields: object) -> pb.SearchRequest:
     return pb.SearchRequest(collection=collection, query=query, **fields)
 

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from grpc import aio
 
 from meshkit.objectstore import ObjectStore
 from meshkit.settings import MeshSettings, RerankerSettings
@@ -55,16 +54,6 @@ async def corpus(stack: Stack) -> AsyncIterator[str]:
         yield collection
     finally:
         await mesh.close()
-
-
-@pytest.fixture
-async def gateway(stack: Stack) -> AsyncIterator[gateway_pb2_grpc.GatewayServiceStub]:
-    channel = aio.insecure_channel(
-        stack.address("gateway"),
-        options=[("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)],
-    )
-    yield gateway_pb2_grpc.GatewayServiceStub(channel)
-    await channel.close()
 
 
 def question(collection: str, rerank: bool) -> pb.SearchRequest:

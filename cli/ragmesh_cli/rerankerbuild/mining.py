@@ -25,6 +25,7 @@ import numpy as np
 from meshkit.ids import chunk_id_for
 from meshkit.settings import EmbedderSettings, IngestionSettings, SparseSettings
 from ragmesh.ingestion.v1 import ingestion_pb2
+from ragmesh_cli.documents import WalkStats, read_corpus
 from services.embedder.model import EmbeddingModel, TextKind
 from services.ingestion.chunking import Chunker
 from services.ingestion.normalize import normalize
@@ -77,25 +78,15 @@ def progress(message: str) -> None:
 
 
 def read_beir_corpus(path: Path) -> Iterator[tuple[str, str, str]]:
-    import gzip
-
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                record = json.loads(line)
-                yield str(record["_id"]), record.get("title") or "", record.get("text") or ""
+    """(doc id, title, text) as `ragmesh ingest` reads them: ids sanitised the same way, so they
+    match the qrels (which ``load_dataset`` maps alike) and the ids ingestion stores."""
+    for document in read_corpus(path, WalkStats()):
+        yield document.doc_id, document.title, document.content.decode("utf-8")
 
 
 def chunk_corpus(records: Iterable[tuple[str, str, str]], collection: str) -> Corpus:
     """Chunks exactly as ingestion makes them from a plain-text document."""
-    settings = IngestionSettings()
-    chunker = Chunker(
-        settings.ingest_tokenizer_path,
-        settings.ingest_chunk_tokens,
-        settings.ingest_chunk_overlap_tokens,
-        settings.ingest_model_max_tokens,
-    )
+    chunker = Chunker.from_settings(IngestionSettings())
     passages: list[Passage] = []
     by_doc: dict[str, list[int]] = {}
     titles: dict[str, str] = {}

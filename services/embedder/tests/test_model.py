@@ -5,15 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER, ProviderUnavailable, choose_providers
 from meshkit.settings import EmbedderSettings
-from services.embedder.model import (
-    CPU_PROVIDER,
-    CUDA_PROVIDER,
-    EmbeddingModel,
-    ModelLoadError,
-    TextKind,
-    choose_providers,
-)
+from services.embedder.model import EmbeddingModel, ModelLoadError, TextKind
 
 SENTENCES = [
     "The cat sat on the mat.",
@@ -114,12 +108,13 @@ def test_empty_input_gives_empty_matrix(model: EmbeddingModel) -> None:
 
 
 def test_provider_choice() -> None:
-    assert choose_providers("cpu", [CUDA_PROVIDER, CPU_PROVIDER]) == [CPU_PROVIDER]
-    assert choose_providers("auto", [CUDA_PROVIDER, CPU_PROVIDER]) == [CUDA_PROVIDER, CPU_PROVIDER]
-    assert choose_providers("auto", [CPU_PROVIDER]) == [CPU_PROVIDER]
-    assert choose_providers("cuda", [CUDA_PROVIDER, CPU_PROVIDER]) == [CUDA_PROVIDER, CPU_PROVIDER]
-    with pytest.raises(ModelLoadError, match="onnxruntime-gpu"):
-        choose_providers("cuda", [CPU_PROVIDER])
+    setting = "embedder_provider"
+    assert choose_providers("cpu", [CUDA_PROVIDER, CPU_PROVIDER], setting) == [CPU_PROVIDER]
+    assert choose_providers("auto", [CUDA_PROVIDER, CPU_PROVIDER], setting) == [CUDA_PROVIDER, CPU_PROVIDER]
+    assert choose_providers("auto", [CPU_PROVIDER], setting) == [CPU_PROVIDER]
+    assert choose_providers("cuda", [CUDA_PROVIDER, CPU_PROVIDER], setting) == [CUDA_PROVIDER, CPU_PROVIDER]
+    with pytest.raises(ProviderUnavailable, match=r"embedder_provider=cuda.*onnxruntime-gpu"):
+        choose_providers("cuda", [CPU_PROVIDER], setting)
 
 
 def test_runs_respect_batch_and_token_budgets(model: EmbeddingModel, settings: EmbedderSettings) -> None:

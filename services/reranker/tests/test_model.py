@@ -12,9 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Encoding
 
+from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER
 from services.reranker.model import (
-    CPU_PROVIDER,
-    CUDA_PROVIDER,
     MANIFEST,
     MODEL_FILE,
     SINGLE_LOGIT,

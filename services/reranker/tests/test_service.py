@@ -12,10 +12,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
 from meshkit.ids import sha256_file
+from meshkit.onnxrt import CPU_PROVIDER
 from meshkit.server import RunningService, start_service
 from meshkit.settings import RerankerSettings
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
-from services.reranker.model import CPU_PROVIDER, MODEL_FILE, CrossEncoderModel
+from services.reranker.model import MODEL_FILE, CrossEncoderModel
 from services.reranker.servicer import RerankerServicer, build_spec
 from services.reranker.tests.conftest import MAX_TOKENS, MODEL_NAME, ModelDirFactory
 
