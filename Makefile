@@ -11,7 +11,7 @@ SCIFACT ?= ../shared/bench/scifact
 STAMP := $(VENV)/.installed
 
 .PHONY: setup proto proto-check lint fmt typecheck buf-check breaking check test test-unit test-integration \
-        up down status demo bench clean lock reranker-model
+        up down status demo bench clean lock reranker-model deploy-check
 
 setup: $(STAMP)
 
@@ -65,7 +65,12 @@ fmt: setup
 typecheck: setup
 	$(BIN)/mypy libs/meshkit services cli/ragmesh_cli bench
 
-check: lint typecheck buf-check proto-check breaking
+# Render both kustomize overlays, validate them offline against the Kubernetes schemas, lint
+# the Dockerfiles (hadolint).
+deploy-check: setup
+	deploy/k8s/validate.sh
+
+check: lint typecheck buf-check proto-check breaking deploy-check
 
 test: setup
 	$(BIN)/pytest -q
@@ -85,14 +90,17 @@ down: setup
 status: setup
 	$(BIN)/ragmesh status
 
-# The main job on the embedded default: the local mesh, SciFact ingested end to end.
+# The main job on the embedded default: the local mesh, SciFact ingested end to end, then one
+# cited answer streamed from it.
 demo: setup
 	$(BIN)/ragmesh up
 	$(BIN)/ragmesh ingest $(SCIFACT)/corpus.jsonl.gz --collection scifact --wait
 	$(BIN)/ragmesh status --collection scifact
+	$(BIN)/ragmesh ask "Does vitamin D supplementation reduce the risk of fractures?" --collection scifact
 
 # Each benchmark measures its comparisons side by side in one run; see docs/BENCHMARKS.md.
 bench: setup
+	$(PY) -m bench.loadtest_bench
 	$(PY) -m bench.exact_bench --corpus $(SCIFACT)/corpus.jsonl.gz
 	$(PY) -m bench.ingest_bench --dataset $(SCIFACT)
 	$(PY) -m bench.search_bench --dataset $(SCIFACT)

@@ -21,7 +21,7 @@ from grpc import aio
 
 from meshkit.client import channel_options
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-from ragmesh_cli import evaluation, search
+from ragmesh_cli import answer_eval, ask, evaluation, loadtest, search
 from ragmesh_cli.documents import InputError
 from ragmesh_cli.stack import ALL_SERVICES, ProcessStatus, Stack, StackError, read_state, stack_is_running
 
@@ -164,10 +164,24 @@ def cmd_search(args: argparse.Namespace) -> int:
     return asyncio.run(search.run_search(args, resolve_address("gateway", state_dir_of(args))))
 
 
+def cmd_ask(args: argparse.Namespace) -> int:
+    return asyncio.run(ask.run_ask(args, resolve_address("gateway", state_dir_of(args))))
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    return asyncio.run(loadtest.run_loadtest(args, state_dir_of(args)))
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.compare:
         return evaluation.run_compare(args)
     state_dir = state_dir_of(args)
+    if args.answers:
+        return asyncio.run(
+            answer_eval.run_answer_eval(
+                args, resolve_address("gateway", state_dir), resolve_address("ingestion", state_dir)
+            )
+        )
     return asyncio.run(
         evaluation.run_eval(
             args, resolve_address("gateway", state_dir), resolve_address("ingestion", state_dir)
@@ -350,11 +364,24 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_arguments(search_parser)
     search_parser.set_defaults(func=cmd_search)
 
+    ask_parser = sub.add_parser(
+        "ask", parents=[common], help="a cited answer from a collection, streamed as it is written"
+    )
+    ask.add_arguments(ask_parser)
+    ask_parser.set_defaults(func=cmd_ask)
+
     eval_parser = sub.add_parser(
         "eval", parents=[common], help="retrieval quality on a BEIR dataset, or compare two saved runs"
     )
     evaluation.add_arguments(eval_parser)
+    answer_eval.add_arguments(eval_parser)
     eval_parser.set_defaults(func=cmd_eval)
+
+    loadtest_parser = sub.add_parser(
+        "loadtest", parents=[common], help="drive one stage (or the gateway) with load; throughput, latency"
+    )
+    loadtest.add_arguments(loadtest_parser)
+    loadtest_parser.set_defaults(func=cmd_loadtest)
 
     delete = sub.add_parser("delete", parents=[common], help="delete documents from a collection")
     delete.add_argument("doc_ids", nargs="+", metavar="DOC_ID")

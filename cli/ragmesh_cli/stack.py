@@ -47,6 +47,8 @@ SERVICE_MODULES: dict[str, str] = {
     "planner": "services.planner",
     "reranker": "services.reranker",
     "llm": "services.llm",
+    "extractor": "services.extractor",
+    "narrator": "services.narrator",
     "ingestion": "services.ingestion",
     "gateway": "services.gateway",
     "worker": "services.ingestion.worker",
@@ -62,6 +64,8 @@ STAGE_OF_KIND = {
     "planner": 1,
     "reranker": 1,
     "llm": 1,
+    "extractor": 2,
+    "narrator": 2,
     "ingestion": 2,
     "gateway": 2,
     "worker": 3,
@@ -300,6 +304,9 @@ class Stack:
         env["RAGMESH_RERANKER_ADDRESS"] = self.address("reranker") if "reranker" in self.components else ""
         if "llm" in self.components:
             env["RAGMESH_LLM_BASE_URL"] = f"http://{self.address('llm')}/v1"
+        for kind in ("extractor", "narrator"):
+            if kind in self.components:
+                env[f"RAGMESH_{kind.upper()}_ADDRESS"] = self.address(kind)
         return env
 
     def _process_env(self, comp: Component) -> dict[str, str]:

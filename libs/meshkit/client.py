@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -98,6 +98,9 @@ def channel_options(max_message_bytes: int = 64 * 1024 * 1024) -> list[tuple[str
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 2_000),
         ("grpc.enable_retries", 0),
+        # Spread calls over every address the target resolves to (a headless Service's pods,
+        # or an ipv4:a,b list of local replicas) instead of sticking to the first.
+        ("grpc.lb_policy_name", "round_robin"),
     ]
 
 
@@ -211,20 +214,52 @@ class Downstream(Generic[StubT]):
                         response = await method(request, timeout=left, metadata=metadata)
                     CLIENT_CALLS.labels(self.target, name, "OK").inc()
                     return response
-        except pybreaker.CircuitBreakerError as exc:
-            CLIENT_CALLS.labels(self.target, name, "BREAKER_OPEN").inc()
-            raise DownstreamError(
-                self.target, "breaker_open", grpc.StatusCode.UNAVAILABLE, f"circuit breaker open ({exc})"
-            ) from exc
-        except aio.AioRpcError as exc:
-            code = exc.code()
-            CLIENT_CALLS.labels(self.target, name, code.name).inc()
-            reason = {
-                grpc.StatusCode.UNAVAILABLE: "unavailable",
-                grpc.StatusCode.DEADLINE_EXCEEDED: "deadline",
-            }.get(code, "error" if code in FAILURE_CODES else "rejected")
-            raise DownstreamError(self.target, reason, code, exc.details() or "") from exc
+        except (pybreaker.CircuitBreakerError, aio.AioRpcError) as exc:
+            raise self._failed(name, exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def stream(self, method: Any, request: Any, *, timeout: float | None = None) -> AsyncIterator[Any]:
+        """The messages of a server-streaming ``method``, under the deadline and the breaker.
+        Never retried (what was yielded cannot be taken back). The breaker judges the opening:
+        a stream that delivers its first message counts as a success, so one cut short later
+        is reported to the caller (DownstreamError) without tripping the breaker twice."""
+        name = getattr(method, "_method", b"").decode().rsplit("/", 1)[-1] or "stream"
+        left = remaining_budget(timeout if timeout is not None else self.policy.timeout_s)
+        if left <= 0:
+            raise DownstreamError(
+                self.target, "deadline", grpc.StatusCode.DEADLINE_EXCEEDED, "no time left before the deadline"
+            )
+        metadata = ((REQUEST_ID_HEADER, current_request_id() or new_request_id()),)
+        call: Any = None
+        try:
+            with self.breaker.calling():
+                call = method(request, timeout=left, metadata=metadata)
+                messages = call.__aiter__()
+                first = await anext(messages, None)
+            if first is not None:
+                yield first
+                async for message in messages:
+                    yield message
+            CLIENT_CALLS.labels(self.target, name, "OK").inc()
+        except (pybreaker.CircuitBreakerError, aio.AioRpcError) as exc:
+            raise self._failed(name, exc) from exc
+        finally:
+            if call is not None and not call.done():
+                call.cancel()
+
+    def _failed(self, name: str, exc: pybreaker.CircuitBreakerError | aio.AioRpcError) -> DownstreamError:
+        if isinstance(exc, pybreaker.CircuitBreakerError):
+            CLIENT_CALLS.labels(self.target, name, "BREAKER_OPEN").inc()
+            return DownstreamError(
+                self.target, "breaker_open", grpc.StatusCode.UNAVAILABLE, f"circuit breaker open ({exc})"
+            )
+        code = exc.code()
+        CLIENT_CALLS.labels(self.target, name, code.name).inc()
+        reason = {
+            grpc.StatusCode.UNAVAILABLE: "unavailable",
+            grpc.StatusCode.DEADLINE_EXCEEDED: "deadline",
+        }.get(code, "error" if code in FAILURE_CODES else "rejected")
+        return DownstreamError(self.target, reason, code, exc.details() or "")
 
 
 async def check_health(address: str, service: str = "", timeout: float = 1.0) -> str:

@@ -21,7 +21,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import pybreaker
@@ -116,6 +116,51 @@ def _as_llm_error(exc: BaseException) -> LLMError:
         reason = "unavailable" if exc.status in RETRYABLE_STATUSES else "error"
         return LLMError(reason, f"HTTP {exc.status}: {exc.body}", status=exc.status)
     return LLMError("error", repr(exc))
+
+
+class LLM(Protocol):
+    """What the answering stages need from the LLM tier, whatever serves it. Every call raises
+    LLMError on failure; ``stream`` yields content deltas."""
+
+    async def chat(
+        self,
+        messages: Messages,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+    ) -> str: ...
+
+    async def structured(
+        self,
+        messages: Messages,
+        schema: type[ModelT],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+    ) -> ModelT: ...
+
+    def stream(
+        self,
+        messages: Messages,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[str]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def make_llm(settings: LLMSettings, *, target: str = "llm") -> LLM:
+    """The configured LLM backend: an OpenAI-compatible server (default) or, on GPU images, an
+    in-process vLLM engine (imported only when configured, so CPU installs never need vllm)."""
+    if settings.llm_backend == "vllm":
+        from meshkit.llm_vllm import VLLMEngineLLM
+
+        return VLLMEngineLLM(settings)
+    return OpenAICompatibleLLM(settings, target=target)
 
 
 class OpenAICompatibleLLM:

@@ -65,6 +65,8 @@ class MeshSettings(BaseSettings):
     planner_address: str = Field("127.0.0.1:50055", description="Query planner service.")
     gateway_address: str = Field("127.0.0.1:50056", description="Search gateway service.")
     reranker_address: str = Field("127.0.0.1:50057", description="Reranker (cross-encoder) service.")
+    extractor_address: str = Field("127.0.0.1:50058", description="Fact extractor service.")
+    narrator_address: str = Field("127.0.0.1:50059", description="Narrator (cited answers) service.")
 
     # --- client policy for outgoing calls ---
     client_timeout_s: float = Field(10.0, description="Deadline of an outgoing call with no caller deadline.")
@@ -202,7 +204,62 @@ class IngestionSettings(MeshSettings):
         return [float(x) for x in self.ingest_retry_backoff_s.split(",") if x.strip()]
 
 
-class PlannerSettings(MeshSettings):
+class LLMSettings(MeshSettings):
+    """The LLM tier: any OpenAI-compatible server (vLLM, llama.cpp server, Ollama)."""
+
+    llm_base_url: str = Field(
+        "http://127.0.0.1:8080/v1",
+        description="OpenAI-compatible API root (.../v1, without /chat/completions).",
+    )
+    llm_model: str = Field("smollm2-135m-instruct", description="Model name sent with every request.")
+    llm_api_key: str = Field(
+        "", description="Bearer token; empty: no Authorization header (never logged).", repr=False
+    )
+    llm_timeout_s: float = Field(30.0, gt=0, description="Deadline of one LLM call, retries included.")
+    llm_retry_attempts: int = Field(
+        2,
+        ge=1,
+        description="Attempts per call on connect errors, timeouts and 429/502/503/504 (1: no retry).",
+    )
+    llm_retry_backoff_s: float = Field(0.2, ge=0, description="First retry backoff; doubles, jittered.")
+    llm_breaker_fail_max: int = Field(
+        5, ge=1, description="Consecutive failures that open the LLM server's breaker."
+    )
+    llm_breaker_reset_s: float = Field(
+        30.0, gt=0, description="Seconds an open LLM breaker waits before a trial call."
+    )
+    llm_max_tokens: int = Field(512, ge=1, description="Default completion length limit, in tokens.")
+    llm_temperature: float = Field(
+        0.0, ge=0, le=2, description="Default sampling temperature (0: deterministic, best for parsing)."
+    )
+    llm_backend: Literal["openai", "vllm"] = Field(
+        "openai",
+        description="openai: an OpenAI-compatible server at llm_base_url; vllm: an in-process vLLM engine "
+        "(GPU images only; vllm is imported only then).",
+    )
+    llm_vllm_model: str = Field(
+        "", description="vllm backend: a Hugging Face model id or local directory to load."
+    )
+    llm_vllm_gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1, description="vllm backend: share of GPU memory the engine may take."
+    )
+    llm_vllm_max_model_len: int = Field(8192, ge=256, description="vllm backend: context length.")
+
+
+class PlannerSettings(LLMSettings):
+    planner_mode: Literal["deterministic", "llm"] = Field(
+        "deterministic",
+        description="llm: variations, keywords, strategy and HyDE from the LLM tier, falling back to the "
+        "deterministic plan on any failure.",
+    )
+    planner_hyde_mode: Literal["off", "fusion", "supplement"] = Field(
+        "off",
+        description="Default HyDE mode (needs an LLM): fusion always searches with a hypothetical passage, "
+        "supplement only when the plain search is weak.",
+    )
+    planner_llm_timeout_s: float = Field(
+        8.0, gt=0, description="Longest wait for the LLM's plan or HyDE passage before falling back."
+    )
     planner_precise_pool: int = Field(50, ge=1, description="Candidates per leg, precise plans.")
     planner_exhaustive_pool: int = Field(80, ge=1, description="Candidates per leg, exhaustive plans.")
     planner_default_variations: int = Field(
@@ -298,35 +355,36 @@ class GatewaySettings(MeshSettings):
     gateway_rerank_share: float = Field(
         0.6, gt=0, le=1, description="Share of the caller's deadline kept from the legs for reranking."
     )
-
-
-class LLMSettings(MeshSettings):
-    """The LLM tier: any OpenAI-compatible server (vLLM, llama.cpp server, Ollama)."""
-
-    llm_base_url: str = Field(
-        "http://127.0.0.1:8080/v1",
-        description="OpenAI-compatible API root (.../v1, without /chat/completions).",
+    gateway_hyde_min_score: float = Field(
+        0.45,
+        description="Supplement HyDE: a plain search whose best dense cosine is under this is weak.",
     )
-    llm_model: str = Field("smollm2-135m-instruct", description="Model name sent with every request.")
-    llm_api_key: str = Field(
-        "", description="Bearer token; empty: no Authorization header (never logged).", repr=False
+    gateway_hyde_min_results: int = Field(
+        3, ge=0, description="Supplement HyDE: a plain search with fewer results than this is weak."
     )
-    llm_timeout_s: float = Field(30.0, gt=0, description="Deadline of one LLM call, retries included.")
-    llm_retry_attempts: int = Field(
-        2,
-        ge=1,
-        description="Attempts per call on connect errors, timeouts and 429/502/503/504 (1: no retry).",
+    gateway_answer_mode: Literal["llm", "extractive"] = Field(
+        "llm", description="Default Ask mode: llm (extractive when the LLM fails) or extractive."
     )
-    llm_retry_backoff_s: float = Field(0.2, ge=0, description="First retry backoff; doubles, jittered.")
-    llm_breaker_fail_max: int = Field(
-        5, ge=1, description="Consecutive failures that open the LLM server's breaker."
+    gateway_ask_passages: int = Field(10, ge=1, description="Passages read for evidence by default.")
+    gateway_ask_max_passages: int = Field(50, ge=1, description="Largest passages an Ask may ask for.")
+    gateway_ask_min_rerank_score: float = Field(
+        -2.0,
+        description="Evidence gate: reranked passages scoring under this (log-odds) are not read; with none "
+        "left, the answer says the documents do not say.",
     )
-    llm_breaker_reset_s: float = Field(
-        30.0, gt=0, description="Seconds an open LLM breaker waits before a trial call."
+    gateway_ask_timeout_s: float = Field(120.0, gt=0, description="Deadline of an Ask whose caller set none.")
+    gateway_ask_search_share: float = Field(
+        0.35, gt=0, lt=1, description="Share of an Ask's deadline the search (plan to rerank) may use."
     )
-    llm_max_tokens: int = Field(512, ge=1, description="Default completion length limit, in tokens.")
-    llm_temperature: float = Field(
-        0.0, ge=0, le=2, description="Default sampling temperature (0: deterministic, best for parsing)."
+    gateway_ask_extract_share: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Share of what is left after the search for extraction; narration gets the rest.",
+    )
+    gateway_max_history_turns: int = Field(20, ge=0, description="Most chat-history turns in an Ask.")
+    gateway_max_history_chars: int = Field(
+        32_000, ge=0, description="Longest chat history in an Ask, all turns together."
     )
 
 
@@ -347,3 +405,91 @@ class LLMServerSettings(MeshSettings):
     llm_server_ctx: int = Field(4096, ge=256, description="Context tokens, shared by the parallel slots.")
     llm_server_parallel: int = Field(2, ge=1, description="Requests decoded in parallel.")
     llm_server_threads: int = Field(0, ge=0, description="CPU threads (0: llama.cpp's default).")
+
+
+class ExtractorSettings(LLMSettings):
+    """The fact extractor: the map step of answering."""
+
+    extractor_mode: Literal["llm", "extractive"] = Field(
+        "llm", description="Default mode: llm (extractive per batch when it fails) or extractive."
+    )
+    extractor_batch_size: int = Field(10, ge=1, description="Passages per LLM call (the seeds use 10).")
+    extractor_max_batch_size: int = Field(20, ge=1, description="Largest batch_size a caller may ask for.")
+    extractor_llm_concurrency: int = Field(
+        2, ge=1, description="LLM calls in flight per request (match the LLM server's parallel slots)."
+    )
+    extractor_max_passages: int = Field(100, ge=1, description="Passages one Extract call may carry.")
+    extractor_max_passage_chars: int = Field(32_768, ge=1, description="Longest passage, in characters.")
+    extractor_max_query_chars: int = Field(2000, ge=1, description="Longest query, in characters.")
+    extractor_passage_chars_in_prompt: int = Field(
+        1200, ge=100, description="Characters of each passage shown to the LLM (its context is small)."
+    )
+    extractor_prompt_chars: int = Field(
+        4800,
+        ge=500,
+        description="Characters of passages (or facts) in one LLM prompt, all together: each passage gets "
+        "the smaller of its share and extractor_passage_chars_in_prompt (SmolLM2 has ~2000 tokens per slot).",
+    )
+    extractor_max_facts: int = Field(20, ge=1, description="Facts returned when the caller asks for 0.")
+    extractor_facts_per_source: int = Field(
+        1, ge=1, description="Facts kept per document after dedup (the seeds keep the best one)."
+    )
+    extractor_relevance_gate: bool = Field(
+        True, description="Ask the LLM which facts bear on the question (with the seeds' keep-rules)."
+    )
+    extractor_context_budget_tokens: int = Field(
+        1500, ge=100, description="Estimated tokens the facts may take; over it they are summarised."
+    )
+    extractor_max_summary_rounds: int = Field(
+        3, ge=1, description="Summarisation rounds before the lowest-scored facts are dropped to fit."
+    )
+    extractor_sentences_per_passage: int = Field(
+        2, ge=1, description="Extractive mode: best sentences taken from each passage."
+    )
+    extractor_max_tokens: int = Field(400, ge=16, description="Completion limit of one extraction call.")
+
+
+class NarratorSettings(LLMSettings):
+    """The narrator: the reduce step, cited synthesis and verification."""
+
+    narrator_mode: Literal["llm", "extractive"] = Field(
+        "llm", description="Default mode: llm (extractive when it fails) or extractive."
+    )
+    narrator_max_query_chars: int = Field(2000, ge=1, description="Longest query, in characters.")
+    narrator_max_sources: int = Field(100, ge=1, description="Sources one request may carry.")
+    narrator_max_facts: int = Field(100, ge=1, description="Facts one request may carry.")
+    narrator_max_fact_chars: int = Field(4000, ge=1, description="Longest fact, in characters.")
+    narrator_max_snippet_chars: int = Field(2000, ge=1, description="Longest source snippet, in characters.")
+    narrator_max_history_turns: int = Field(20, ge=0, description="Most chat-history turns accepted.")
+    narrator_max_history_chars: int = Field(32_000, ge=0, description="Longest history accepted, in total.")
+    narrator_history_prompt_chars: int = Field(
+        2000, ge=0, description="History shown to the LLM: the most recent turns that fit."
+    )
+    narrator_max_tokens: int = Field(300, ge=16, description="Completion limit of the answer.")
+    narrator_max_tokens_limit: int = Field(2048, ge=16, description="Largest max_tokens a caller may ask.")
+    narrator_extractive_facts: int = Field(
+        3, ge=1, description="Facts an extractive answer states (the best ones, each cited)."
+    )
+    narrator_min_support: float = Field(
+        0.4,
+        ge=0,
+        le=1,
+        description="Share of a sentence's content words that must appear in the facts it cites; less is "
+        "unsupported and dropped.",
+    )
+    narrator_bind_support: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="An uncited sentence is bound to the source whose facts hold this share of its content "
+        "words (the best one); less and it is dropped as uncited.",
+    )
+    narrator_contradictions: bool = Field(
+        True, description="Ask the LLM whether the cited sources disagree (one more call)."
+    )
+    narrator_prompt_fact_chars: int = Field(
+        4000,
+        ge=100,
+        description="Facts shown to the LLM, in characters: the best that fit (small models have small "
+        "contexts); verification still checks against every fact.",
+    )

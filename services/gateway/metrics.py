@@ -14,7 +14,8 @@ SEARCH_SECONDS = Histogram(
 )
 STAGE_SECONDS = Histogram(
     "ragmesh_gateway_stage_seconds",
-    "Time of one search stage (planner, embed, dense, bm25, exact, fuse, hydrate).",
+    "Time of one search or ask stage (planner, embed, dense, bm25, exact, fuse, hydrate, rerank, hyde, "
+    "extract, narrate).",
     ["stage"],
     buckets=_LATENCY_BUCKETS,
 )
@@ -22,4 +23,10 @@ DEGRADATIONS = Counter(
     "ragmesh_gateway_degradations_total",
     "Stages that did not contribute to a search, by stage and reason.",
     ["stage", "reason"],
+)
+ASK_SECONDS = Histogram(
+    "ragmesh_gateway_ask_seconds",
+    "End-to-end Ask latency, by outcome (whole, degraded, failed).",
+    ["outcome"],
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120),
 )

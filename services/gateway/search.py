@@ -34,11 +34,17 @@ from services.gateway.validation import BM25, DENSE, EXACT, LEGS, SearchParams
 
 log = logging.getLogger("gateway.search")
 
-PLANNER, EMBEDDER, INDEX, SPARSE = "planner", "embedder", "index", "sparse"
+PLANNER, EMBEDDER, INDEX, SPARSE, HYDE = "planner", "embedder", "index", "sparse", "hyde"
 UNAVAILABLE, DEADLINE, BREAKER_OPEN, ERROR = "unavailable", "deadline", "breaker_open", "error"
-# DownstreamError.reason -> degradation reason ("rejected": the downstream refused our request,
-# which is our error to report, not its health).
-REASON_OF = {"unavailable": UNAVAILABLE, "deadline": DEADLINE, "breaker_open": BREAKER_OPEN}
+INVALID_OUTPUT = "invalid_output"
+# DownstreamError.reason (and the LLM stages' fallback reasons) -> degradation reason
+# ("rejected": the downstream refused our request, which is our error to report, not its health).
+REASON_OF = {
+    "unavailable": UNAVAILABLE,
+    "deadline": DEADLINE,
+    "breaker_open": BREAKER_OPEN,
+    "invalid_output": INVALID_OUTPUT,
+}
 # Pool sizes of the fallback plan: the planner's seeds.
 PRECISE_POOL = 50
 FALLBACK_POOL = {planner_pb2.STRATEGY_PRECISE: PRECISE_POOL, planner_pb2.STRATEGY_EXHAUSTIVE: 80}
@@ -204,6 +210,8 @@ class Fanout:
         self.lists: dict[str, list[Hit]] = {}
         # Per answering shard: hits per dense text.
         self.shard_answers: list[list[list[Hit]]] = []
+        # Dense hits of texts searched after the fan-out (a supplementary HyDE passage).
+        self.extra_dense: list[list[Hit]] = []
         self.attempted: set[str] = set()
         self.answered = 0
         self.missing = 0
@@ -351,7 +359,31 @@ class Fanout:
             merge_by_score((answer[i] for answer in self.shard_answers), self.pool)
             for i in range(len(self.dense_texts))
         ]
-        return combine_variations(per_text, self.params.rrf_k, self.pool, self.combine_mode)
+        return combine_variations(
+            [*per_text, *self.extra_dense], self.params.rrf_k, self.pool, self.combine_mode
+        )
+
+    def best_dense_score(self) -> float | None:
+        """The best cosine any dense text found (None: the dense leg found nothing)."""
+        scores = [hits[0].score for answer in self.shard_answers for hits in answer if hits]
+        return max(scores) if scores else None
+
+    async def add_dense_text(self, text: str) -> None:
+        """Search one more text on the dense leg (every shard) and fold its hits into the
+        dense list; raises DownstreamError when the embedder or every shard fails."""
+        embedder = self.backends.embedder
+        request = embedder_pb2.EmbedRequest(texts=[text], kind=embedder_pb2.TEXT_KIND_QUERY)
+        reply = await embedder.call(embedder.stub.Embed, request, timeout=self._left(), idempotent=True)
+        answers = await asyncio.gather(
+            *(self._search_shard(shard, list(reply.vectors)) for shard in self.backends.shards),
+            return_exceptions=True,
+        )
+        found = [answer[0] for answer in answers if not isinstance(answer, BaseException) and answer]
+        if not found:
+            errors = [a for a in answers if isinstance(a, DownstreamError)]
+            raise errors[0] if errors else DownstreamError(INDEX, "error", None, "no index shard answered")
+        self.extra_dense.append(merge_by_score(found, self.pool))
+        self.lists[DENSE] = self._dense_list()
 
     def failed_everywhere(self) -> bool:
         return bool(self.attempted) and not self.lists
@@ -408,6 +440,10 @@ class Searcher:
         await fanout.run()
         timings.update(fanout.timings)
         self._raise_if_nothing_answered(params, fanout, degradations)
+        if self._needs_supplement(plan, params, fanout):
+            hyde_started = time.perf_counter()
+            await self._supplement_with_hyde(params, plan, fanout, degradations)
+            timings["hyde"] = _ms(time.perf_counter() - hyde_started)
 
         fuse_started = time.perf_counter()
         fused = rrf(fanout.lists, params.weights, params.rrf_k)
@@ -439,6 +475,37 @@ class Searcher:
         for item in found:
             metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
         return SearchOutcome(top, chunks, plan, found, timings, fanout.lists, reranked, fused_top)
+
+    def _needs_supplement(self, plan: planner_pb2.Plan, params: SearchParams, fanout: Fanout) -> bool:
+        """Supplement HyDE: only when the plain search came back weak, by the best dense
+        cosine or by how few results the legs found together."""
+        if plan.hyde_mode != planner_pb2.HYDE_MODE_SUPPLEMENT or not params.enabled(DENSE):
+            return False
+        best = fanout.best_dense_score()
+        found = len({hit.chunk_id for hits in fanout.lists.values() for hit in hits})
+        weak_score = best is None or best < self.settings.gateway_hyde_min_score
+        return weak_score or found < self.settings.gateway_hyde_min_results
+
+    async def _supplement_with_hyde(
+        self, params: SearchParams, plan: planner_pb2.Plan, fanout: Fanout, degradations: Degradations
+    ) -> None:
+        """Ask the planner for a hypothetical answer passage and search with it too; a failure
+        leaves the plain search's results, with a degradation."""
+        planner = self.backends.planner
+        try:
+            reply = await planner.call(
+                planner.stub.Hyde,
+                planner_pb2.HydeRequest(query=params.query),
+                timeout=fanout.deadline - time.monotonic(),
+                # Not retried: a failed generation would only be slow again within the same budget.
+                idempotent=False,
+            )
+            if reply.passage.strip():
+                await fanout.add_dense_text(reply.passage)
+        except DownstreamError as exc:
+            degradations.add_error(HYDE, exc, [DENSE])
+            return
+        plan.hyde_passage = reply.passage
 
     async def _rerank(
         self,
@@ -494,7 +561,10 @@ class Searcher:
     ) -> planner_pb2.Plan:
         planner = self.backends.planner
         request = planner_pb2.PlanRequest(
-            query=params.query, strategy=params.strategy, max_variations=params.max_variations
+            query=params.query,
+            strategy=params.strategy,
+            max_variations=params.max_variations,
+            hyde_mode=params.hyde_mode,
         )
         budget = min(self.settings.gateway_planner_timeout_s, PLANNER_SHARE * (deadline - time.monotonic()))
         try:
@@ -503,6 +573,11 @@ class Searcher:
             # Without a plan: the question alone, no keywords (the exact leg has no input).
             degradations.add_error(PLANNER, exc, [EXACT] if params.enabled(EXACT) else [])
             return self._fallback_plan(params)
+        if reply.fallback_reason:
+            # The planner's LLM failed and it planned deterministically: the search runs, but the
+            # caller should know the plan is the simpler one.
+            reason = REASON_OF.get(reply.fallback_reason, ERROR)
+            degradations.add(PLANNER, reason, planner.target, f"llm planner: {reply.fallback_message}")
         return self._usable_plan(reply.plan, params)
 
     @staticmethod

@@ -4,6 +4,7 @@ into the public SearchResponse."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
 from grpc import aio
 
@@ -11,7 +12,19 @@ from meshkit.errors import unavailable
 from meshkit.server import ServiceSpec
 from meshkit.settings import GatewaySettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.narrator.v1 import narrator_pb2
 from services.gateway import metrics
+from services.gateway.ask import (
+    EXTRACTOR,
+    NARRATOR,
+    Asker,
+    AskOutcome,
+    AskParams,
+    Delta,
+    Done,
+    Progress,
+    preview,
+)
 from services.gateway.fusion import Fused, Hit
 from services.gateway.rerank import RERANKER
 from services.gateway.search import (
@@ -19,7 +32,9 @@ from services.gateway.search import (
     DEADLINE,
     EMBEDDER,
     ERROR,
+    HYDE,
     INDEX,
+    INVALID_OUTPUT,
     PLANNER,
     SPARSE,
     UNAVAILABLE,
@@ -28,7 +43,7 @@ from services.gateway.search import (
     Searcher,
     SearchOutcome,
 )
-from services.gateway.validation import BM25, DENSE, EXACT, SearchParams, validate_search
+from services.gateway.validation import BM25, DENSE, EXACT, SearchParams, validate_ask, validate_search
 
 LEG_PB = {DENSE: gateway_pb2.LEG_DENSE, BM25: gateway_pb2.LEG_BM25, EXACT: gateway_pb2.LEG_EXACT}
 STAGE_PB = {
@@ -37,12 +52,16 @@ STAGE_PB = {
     EMBEDDER: gateway_pb2.STAGE_EMBEDDER,
     INDEX: gateway_pb2.STAGE_INDEX,
     SPARSE: gateway_pb2.STAGE_SPARSE,
+    HYDE: gateway_pb2.STAGE_HYDE,
+    EXTRACTOR: gateway_pb2.STAGE_EXTRACTOR,
+    NARRATOR: gateway_pb2.STAGE_NARRATOR,
 }
 REASON_PB = {
     UNAVAILABLE: gateway_pb2.DEGRADATION_REASON_UNAVAILABLE,
     DEADLINE: gateway_pb2.DEGRADATION_REASON_DEADLINE,
     BREAKER_OPEN: gateway_pb2.DEGRADATION_REASON_BREAKER_OPEN,
     ERROR: gateway_pb2.DEGRADATION_REASON_ERROR,
+    INVALID_OUTPUT: gateway_pb2.DEGRADATION_REASON_INVALID_OUTPUT,
 }
 # Legs in the order responses list them.
 LEG_ORDER = (DENSE, BM25, EXACT)
@@ -52,14 +71,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.searcher: Searcher | None = None
+        self.asker: Asker | None = None
 
     async def start(self) -> None:
         # Channels belong to the serving event loop, so they are made here, not in __init__.
         self.searcher = Searcher(self.settings, Backends.from_settings(self.settings))
+        self.asker = Asker.from_settings(self.settings, self.searcher)
 
     async def stop(self) -> None:
         if self.searcher is not None:
             await self.searcher.backends.close()
+        if self.asker is not None:
+            await self.asker.close()
 
     async def Search(
         self, request: gateway_pb2.SearchRequest, context: aio.ServicerContext
@@ -76,6 +99,91 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         label = "degraded" if outcome.degradations else "whole"
         metrics.SEARCH_SECONDS.labels(label).observe(time.perf_counter() - started)
         return to_response(outcome, params)
+
+    async def Ask(
+        self, request: gateway_pb2.AskRequest, context: aio.ServicerContext
+    ) -> gateway_pb2.AskResponse:
+        async for event in self._ask(request):
+            if isinstance(event, gateway_pb2.AskResponse):
+                return event
+        raise AssertionError("an ask always ends with its answer")  # pragma: no cover
+
+    async def AskStream(
+        self, request: gateway_pb2.AskStreamRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.AskStreamResponse]:
+        async for event in self._ask(request.request):
+            if isinstance(event, gateway_pb2.AskResponse):
+                yield gateway_pb2.AskStreamResponse(answer=event)
+            elif isinstance(event, gateway_pb2.AskProgress):
+                yield gateway_pb2.AskStreamResponse(progress=event)
+            else:
+                yield gateway_pb2.AskStreamResponse(delta=event)
+
+    async def _ask(
+        self, request: gateway_pb2.AskRequest
+    ) -> AsyncIterator[gateway_pb2.AskResponse | gateway_pb2.AskProgress | str]:
+        if self.asker is None:
+            raise unavailable("the gateway is starting")
+        search, passages, mode = validate_ask(request, self.settings)
+        params = AskParams(search, passages, mode, list(request.history), request.include_facts)
+        started = time.perf_counter()
+        try:
+            async for event in self.asker.run(params):
+                if isinstance(event, Progress):
+                    yield gateway_pb2.AskProgress(stage=event.stage, ms=event.ms, count=event.count)
+                elif isinstance(event, Delta):
+                    yield event.text
+                elif isinstance(event, Done):
+                    label = "degraded" if event.outcome.degradations else "whole"
+                    metrics.ASK_SECONDS.labels(label).observe(time.perf_counter() - started)
+                    yield to_ask_response(event.outcome, params)
+        except Exception:
+            metrics.ASK_SECONDS.labels("failed").observe(time.perf_counter() - started)
+            raise
+
+
+def to_ask_response(outcome: AskOutcome, params: AskParams) -> gateway_pb2.AskResponse:
+    answer = outcome.answer
+    evidence = outcome.evidence
+    cited = {c.number for c in answer.citations}
+    response = gateway_pb2.AskResponse(
+        answer=answer.text,
+        answered=answer.answered,
+        sentences=answer.sentences,
+        contradictions=answer.contradictions,
+        degradations=[_degradation_pb(d) for d in outcome.degradations],
+        timings=[gateway_pb2.StageTiming(stage=stage, ms=ms) for stage, ms in outcome.timings.items()],
+        plan=outcome.search.plan,
+        mode=gateway_pb2.ANSWER_MODE_LLM
+        if answer.mode == narrator_pb2.NARRATION_MODE_LLM
+        else gateway_pb2.ANSWER_MODE_EXTRACTIVE,
+    )
+    for citation in answer.citations:
+        chunk = evidence[citation.number - 1].chunk
+        response.citations.append(
+            gateway_pb2.AnswerCitation(
+                number=citation.number,
+                doc_id=chunk.doc_id,
+                chunk_id=chunk.chunk_id,
+                title=chunk.title,
+                snippet=citation.snippet,
+                location=chunk.location,
+            )
+        )
+    for number, item in enumerate(evidence, 1):
+        response.sources.append(
+            gateway_pb2.ExploredSource(
+                chunk_id=item.chunk.chunk_id,
+                doc_id=item.chunk.doc_id,
+                title=item.chunk.title,
+                preview=preview(item.chunk.text),
+                rerank_score=item.result.rerank_score,
+                cited=number in cited,
+            )
+        )
+    if params.include_facts:
+        response.facts.extend(outcome.facts)
+    return response
 
 
 def _result_pb(item: Fused, outcome: SearchOutcome) -> gateway_pb2.SearchResult:

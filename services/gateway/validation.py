@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from meshkit.errors import invalid_argument
+from meshkit.errors import invalid_argument, resource_exhausted
 from meshkit.ids import doc_id_problem, validate_collection
 from meshkit.settings import GatewaySettings
 from ragmesh.gateway.v1 import gateway_pb2
+from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
 
 DENSE, BM25, EXACT = "dense", "bm25", "exact"
@@ -36,6 +37,8 @@ class SearchParams:
     rerank: bool = False
     # 0: by the plan's strategy.
     rerank_candidates: int = 0
+    # Unspecified: the planner's default.
+    hyde_mode: planner_pb2.HydeMode = planner_pb2.HYDE_MODE_UNSPECIFIED
 
     def enabled(self, leg: str) -> bool:
         return self.weights[leg] > 0
@@ -84,6 +87,8 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
     pool_size = _bounded(request.pool_size, settings.gateway_max_pool_size, "pool_size")
     if request.strategy not in planner_pb2.Strategy.values():
         raise invalid_argument(f"strategy {request.strategy} is not a known Strategy")
+    if request.hyde_mode not in planner_pb2.HydeMode.values():
+        raise invalid_argument(f"hyde_mode {request.hyde_mode} is not a known HydeMode")
     rerank_candidates = _bounded(
         request.rerank_candidates, settings.gateway_max_rerank_candidates, "rerank_candidates"
     )
@@ -104,4 +109,47 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
         pool_size=pool_size,
         rerank=request.rerank if request.HasField("rerank") else settings.gateway_rerank,
         rerank_candidates=rerank_candidates,
+        hyde_mode=request.hyde_mode,
     )
+
+
+ANSWER_MODES = {gateway_pb2.ANSWER_MODE_LLM: "llm", gateway_pb2.ANSWER_MODE_EXTRACTIVE: "extractive"}
+
+
+def validate_ask(request: gateway_pb2.AskRequest, settings: GatewaySettings) -> tuple[SearchParams, int, str]:
+    """The search an Ask runs (validated as any search), the passages it reads and its mode."""
+    passages = _bounded(
+        request.passages or settings.gateway_ask_passages, settings.gateway_ask_max_passages, "passages"
+    )
+    if request.mode != gateway_pb2.ANSWER_MODE_UNSPECIFIED and request.mode not in ANSWER_MODES:
+        raise invalid_argument(f"mode {request.mode} is not a known AnswerMode")
+    mode = ANSWER_MODES.get(request.mode, settings.gateway_answer_mode)
+    search = gateway_pb2.SearchRequest(
+        collection=request.collection,
+        query=request.query,
+        top_k=min(settings.gateway_max_top_k, max(passages, DEFAULT_TOP_K)),
+        doc_ids=request.doc_ids,
+        strategy=request.strategy,
+        hyde_mode=request.hyde_mode,
+    )
+    if request.HasField("rerank"):
+        search.rerank = request.rerank
+    _validate_history(list(request.history), settings)
+    return validate_search(search, settings), passages, mode
+
+
+def _validate_history(history: list[narrator_pb2.ChatTurn], settings: GatewaySettings) -> None:
+    if len(history) > settings.gateway_max_history_turns:
+        raise resource_exhausted(
+            f"history has {len(history)} turns, the limit is {settings.gateway_max_history_turns}"
+        )
+    total = sum(len(turn.content) for turn in history)
+    if total > settings.gateway_max_history_chars:
+        raise resource_exhausted(
+            f"history is {total} characters, the limit is {settings.gateway_max_history_chars}"
+        )
+    for i, turn in enumerate(history):
+        if turn.role not in (narrator_pb2.ROLE_USER, narrator_pb2.ROLE_ASSISTANT):
+            raise invalid_argument(f"history[{i}].role must be ROLE_USER or ROLE_ASSISTANT")
+        if not turn.content.strip():
+            raise invalid_argument(f"history[{i}].content is empty")

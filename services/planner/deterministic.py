@@ -1,7 +1,7 @@
 """The rule-based planner: same query, same plan, no model and no network.
 
-It never writes a HyDE passage (that needs a language model), so every plan reports HyDE as
-off whatever the caller asked for; the gateway then searches with the variations only.
+It never writes a HyDE passage (that needs a language model), so its plans report HyDE as off;
+when an LLM is configured, ``hyde.WithHyde`` adds the passage or mode the request asked for.
 """
 
 from __future__ import annotations
@@ -41,11 +41,7 @@ class DeterministicPlanner:
     def plan_sync(self, request: PlanInput) -> RetrievalPlan:
         query = request.query
         keywords = extract_keywords(query, self.max_keywords)
-        strategy = request.strategy
-        if strategy is None:
-            choice = choose_strategy(query, has_specific_terms=_has_specific_terms(query))
-            strategy = choice.strategy
-            log.debug("strategy chosen", extra={"strategy": strategy.value, "reasons": choice.reasons})
+        strategy = request.strategy or self.choose_strategy(query)
         return RetrievalPlan(
             strategy=strategy,
             pool_size=self.pools.for_strategy(strategy),
@@ -55,6 +51,12 @@ class DeterministicPlanner:
             hyde_mode=HydeMode.OFF,
             planner=self.name,
         )
+
+    @staticmethod
+    def choose_strategy(query: str) -> Strategy:
+        choice = choose_strategy(query, has_specific_terms=_has_specific_terms(query))
+        log.debug("strategy chosen", extra={"strategy": choice.strategy.value, "reasons": choice.reasons})
+        return choice.strategy
 
 
 def _has_specific_terms(query: str) -> bool:

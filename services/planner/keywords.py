@@ -64,6 +64,13 @@ def extract_keywords(query: str, limit: int) -> list[str]:
     return _dedupe(_fit(c) for c in candidates)[:limit]
 
 
+def verbatim_keywords(query: str, limit: int) -> list[str]:
+    """Only the strongest signals, quoted phrases and identifiers: terms no reading of the
+    query can dispute, so the LLM planner keeps them whatever the model says."""
+    words = tokens(without_quoted(query))
+    return _dedupe(_fit(c) for c in [*quoted_phrases(query), *identifiers(words)])[:limit]
+
+
 def identifiers(words: list[Token]) -> list[str]:
     found = []
     previous = ""

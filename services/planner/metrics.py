@@ -17,3 +17,14 @@ VARIATIONS = Histogram(
 KEYWORDS = Histogram(
     "ragmesh_planner_hard_keywords", "Hard keywords in one plan.", buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32)
 )
+FALLBACKS = Counter(
+    "ragmesh_planner_llm_fallbacks_total",
+    "LLM plans replaced by the deterministic plan, by LLMError reason.",
+    ["reason"],
+)
+HYDE = Counter(
+    "ragmesh_planner_hyde_total",
+    "HyDE passages asked for, by source (plan: fusion plans; rpc: the Hyde RPC) and outcome "
+    "(ok, skipped: the LLM was known down or out of time, no_llm, or the LLMError reason).",
+    ["source", "outcome"],
+)

@@ -1,7 +1,7 @@
 """What a planner takes and gives, free of protobuf so planners are plain, testable Python.
 
 The servicer validates requests and maps these to and from the wire. Every planner
-(deterministic today, an LLM planner later) implements ``Planner``.
+(deterministic, LLM) implements ``Planner``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,17 @@ class PlanInput:
     query: str  # non-blank, within the length limit
     strategy: Strategy | None  # None: the planner decides
     max_variations: int  # >= 1, the caller's wish or the server default
-    hyde_mode: HydeMode | None  # None: the server's default
+    # The servicer passes the mode resolved against the server default and the LLM's presence
+    # (see ``hyde.py``); None reads as off.
+    hyde_mode: HydeMode | None
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Why the LLM planner's plan was replaced by the deterministic one."""
+
+    reason: str  # an LLMError reason: unavailable, deadline, breaker_open, error, invalid_output
+    message: str
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class RetrievalPlan:
     hyde_passage: str
     hyde_mode: HydeMode  # what the plan actually does, not what was asked
     planner: str
+    fallback: Fallback | None = None  # set when an LLM plan was wanted but could not be had
 
 
 class Planner(Protocol):

@@ -1,16 +1,20 @@
-"""gRPC face of the planner: validates the request, asks the configured planner for a plan and
-maps it to the wire. Planners know nothing of protobuf (see ``plan.py``)."""
+"""gRPC face of the planner: validates the request, asks the configured planner for a plan (or
+the HyDE writer for a passage) and maps it to the wire. Planners know nothing of protobuf (see
+``plan.py``); when HyDE is served, and what "an LLM is configured" means, is in ``hyde.py``."""
 
 from __future__ import annotations
 
 from grpc import aio
 
-from meshkit.errors import invalid_argument
-from meshkit.server import ServiceSpec
+from meshkit.errors import failed_precondition, invalid_argument, unavailable
+from meshkit.llm import LLM, LLMError, make_llm
+from meshkit.server import Hook, ServiceSpec
 from meshkit.settings import PlannerSettings
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from services.planner import metrics
 from services.planner.deterministic import DeterministicPlanner, PoolSizes
+from services.planner.hyde import HydeWriter, WithHyde, resolve_hyde_mode
+from services.planner.llm import LLMPlanner
 from services.planner.plan import HydeMode, PlanInput, Planner, RetrievalPlan, Strategy
 
 _STRATEGY_FROM_PB = {
@@ -29,9 +33,11 @@ _HYDE_TO_PB = {h: pb for pb, h in _HYDE_FROM_PB.items() if h is not None}
 
 
 class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
-    def __init__(self, settings: PlannerSettings, planner: Planner) -> None:
+    def __init__(self, settings: PlannerSettings, planner: Planner, hyde: HydeWriter | None = None) -> None:
         self.settings = settings
         self.planner = planner
+        # None: no LLM is configured.
+        self.hyde = hyde
 
     async def Plan(
         self, request: planner_pb2.PlanRequest, context: aio.ServicerContext
@@ -42,17 +48,41 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         metrics.PLANS.labels(plan.planner, plan.strategy.value, source).inc()
         metrics.VARIATIONS.observe(len(plan.variations))
         metrics.KEYWORDS.observe(len(plan.hard_keywords))
-        return planner_pb2.PlanResponse(plan=plan_to_pb(plan))
+        response = planner_pb2.PlanResponse(plan=plan_to_pb(plan))
+        if plan.fallback is not None:
+            response.fallback_reason = plan.fallback.reason
+            response.fallback_message = plan.fallback.message
+        return response
+
+    async def Hyde(
+        self, request: planner_pb2.HydeRequest, context: aio.ServicerContext
+    ) -> planner_pb2.HydeResponse:
+        self.validate_query(request.query)
+        if self.hyde is None:
+            metrics.HYDE.labels("rpc", "no_llm").inc()
+            raise failed_precondition(
+                "no LLM is configured for HyDE (set RAGMESH_PLANNER_MODE=llm or RAGMESH_PLANNER_HYDE_MODE)"
+            )
+        try:
+            passage = await self.hyde.write(request.query)
+        except LLMError as exc:
+            metrics.HYDE.labels("rpc", exc.reason).inc()
+            # Whatever the reason, the caller's move is the same: search without HyDE, maybe retry later.
+            raise unavailable(f"the LLM gave no HyDE passage ({exc.reason}): {exc.message}") from exc
+        metrics.HYDE.labels("rpc", "ok").inc()
+        return planner_pb2.HydeResponse(passage=passage)
+
+    def validate_query(self, query: str) -> None:
+        limit = self.settings.planner_max_query_chars
+        if len(query) > limit:
+            raise invalid_argument(f"query is {len(query)} chars, the limit is {limit}")
+        if not query.strip():
+            raise invalid_argument("query is empty")
 
     def validate(self, request: planner_pb2.PlanRequest) -> PlanInput:
         limits = self.settings
         query = request.query
-        if len(query) > limits.planner_max_query_chars:
-            raise invalid_argument(
-                f"query is {len(query)} chars, the limit is {limits.planner_max_query_chars}"
-            )
-        if not query.strip():
-            raise invalid_argument("query is empty")
+        self.validate_query(query)
         if request.max_variations > limits.planner_max_variations:
             raise invalid_argument(
                 f"max_variations is {request.max_variations}, the limit is {limits.planner_max_variations}"
@@ -65,7 +95,11 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             query=query,
             strategy=_STRATEGY_FROM_PB[request.strategy],
             max_variations=request.max_variations or limits.planner_default_variations,
-            hyde_mode=_HYDE_FROM_PB[request.hyde_mode],
+            hyde_mode=resolve_hyde_mode(
+                _HYDE_FROM_PB[request.hyde_mode],
+                limits.planner_hyde_mode,
+                llm_configured=self.hyde is not None,
+            ),
         )
 
 
@@ -81,20 +115,39 @@ def plan_to_pb(plan: RetrievalPlan) -> planner_pb2.Plan:
     )
 
 
-def default_planner(settings: PlannerSettings) -> Planner:
+def llm_wanted(settings: PlannerSettings) -> bool:
+    """Whether the settings ask for an LLM; see ``hyde.py`` for what follows from it."""
+    return settings.planner_mode == "llm" or settings.planner_hyde_mode != "off"
+
+
+def default_planner(settings: PlannerSettings, llm: LLM | None = None) -> Planner:
     pools = PoolSizes(settings.planner_precise_pool, settings.planner_exhaustive_pool)
-    return DeterministicPlanner(pools, settings.planner_max_keywords)
+    deterministic = DeterministicPlanner(pools, settings.planner_max_keywords)
+    if settings.planner_mode == "llm" and llm is not None:
+        return LLMPlanner(llm, deterministic, settings.planner_max_keywords, settings.planner_llm_timeout_s)
+    return deterministic
 
 
-def build_spec(settings: PlannerSettings, planner: Planner | None = None) -> ServiceSpec:
+def build_spec(
+    settings: PlannerSettings, planner: Planner | None = None, llm: LLM | None = None
+) -> ServiceSpec:
+    """``planner`` replaces the default planner; ``llm`` (tests: a fake) replaces the one the
+    settings would build, and counts as configured whatever the settings say."""
     if settings.planner_default_variations > settings.planner_max_variations:
         raise ValueError(
             f"planner_default_variations ({settings.planner_default_variations}) exceeds "
             f"planner_max_variations ({settings.planner_max_variations})"
         )
-    servicer = PlannerServicer(settings, planner or default_planner(settings))
+    on_stop: list[Hook] = []
+    if llm is None and llm_wanted(settings):
+        llm = make_llm(settings)
+        on_stop.append(llm.aclose)
+    chosen = planner or default_planner(settings, llm)
+    writer = HydeWriter(llm, settings.planner_llm_timeout_s) if llm is not None else None
+    servicer = PlannerServicer(settings, WithHyde(chosen, writer) if writer else chosen, writer)
     return ServiceSpec(
         name="planner",
         grpc_services=[planner_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name],
         register=lambda server: planner_pb2_grpc.add_PlannerServiceServicer_to_server(servicer, server),
+        on_stop=on_stop,
     )

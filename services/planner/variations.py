@@ -62,7 +62,7 @@ def make_variations(query: str, limit: int) -> list[str]:
         key = word_key(candidate)
         if len(variations) >= limit:
             break
-        if candidate and key and key not in seen and _has_content(candidate):
+        if candidate and key and key not in seen and has_content(candidate):
             seen.add(key)
             variations.append(candidate)
     return variations
@@ -118,5 +118,5 @@ def _is_content(token: Token) -> bool:
     return not token.is_function_word() and token.lower not in META_WORDS
 
 
-def _has_content(text: str) -> bool:
+def has_content(text: str) -> bool:
     return any(_is_content(t) for t in tokens(text))

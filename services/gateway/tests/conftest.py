@@ -1,7 +1,9 @@
-"""Fake downstreams (planner, embedder, two index shards, sparse, reranker) on real gRPC servers,
-and a real gateway in front of them, so deadlines, retries and breakers play out as in production.
-Each fake method's behaviour is set per test: ok, fail (UNAVAILABLE), slow, missing (NOT_FOUND);
-the reranker also has unknown_id (its reply names a passage it was not sent)."""
+"""Fake downstreams (planner, embedder, two index shards, sparse, reranker, extractor, narrator) on
+real gRPC servers, and a real gateway in front of them, so deadlines, retries and breakers play out
+as in production. Each fake method's behaviour is set per test: ok, fail (UNAVAILABLE), slow,
+missing (NOT_FOUND); the reranker also has unknown_id (its reply names a passage it was not sent),
+the planner llm_fallback (it planned without its LLM), the extractor and narrator degraded (their
+LLM failed, they answered without it) and the narrator cut (the stream breaks after one delta)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from meshkit.server import start_service
 from meshkit.settings import GatewaySettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
+from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
+from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
@@ -40,6 +44,8 @@ SHARD_CHUNKS = [["c0", "c2"], ["c1", "c3"]]
 BM25_RANKING = ["c2", "c0", "c4"]
 EXACT_RANKING = ["c4"]
 KEYWORDS = ["ZX-81"]
+HYDE_PASSAGE = "A hypothetical passage that answers the question."
+NARRATOR_DELTAS = ["The answer ", "is here [1]."]
 # The fake cross-encoder's score of each chunk, whatever the query: c2 is under the threshold.
 RERANK_SCORES = {"c3": 3.0, "c1": 2.0, "c4": 1.0, "c0": -1.0, "c2": -6.0}
 # The reranker's defaults when a request leaves min_score / fallback_count unset.
@@ -88,9 +94,18 @@ class FakePlanner(planner_pb2_grpc.PlannerServiceServicer):
             pool_size=50,
             variations=[request.query, f"{request.query} rephrased"],
             hard_keywords=KEYWORDS,
+            hyde_mode=request.hyde_mode or planner_pb2.HYDE_MODE_OFF,
             planner="deterministic",
         )
+        if self.fakes.behaviour.get("planner") == "llm_fallback":
+            return planner_pb2.PlanResponse(
+                plan=plan, fallback_reason="invalid_output", fallback_message="not JSON"
+            )
         return planner_pb2.PlanResponse(plan=plan)
+
+    async def Hyde(self, request: Any, context: aio.ServicerContext) -> planner_pb2.HydeResponse:
+        await self.fakes.act("hyde", request, context)
+        return planner_pb2.HydeResponse(passage=HYDE_PASSAGE)
 
 
 class FakeEmbedder(embedder_pb2_grpc.EmbedderServiceServicer):
@@ -176,6 +191,70 @@ class FakeReranker(reranker_pb2_grpc.RerankerServiceServicer):
         )
 
 
+class FakeExtractor(extractor_pb2_grpc.ExtractorServiceServicer):
+    """One fact per passage, citing it, with the passage's score."""
+
+    def __init__(self, fakes: Fakes) -> None:
+        self.fakes = fakes
+
+    async def Extract(self, request: Any, context: aio.ServicerContext) -> extractor_pb2.ExtractResponse:
+        await self.fakes.act("extractor", request, context)
+        facts = [
+            extractor_pb2.Fact(
+                text=f"Fact from {NAME_OF[p.id]}.",
+                passage_id=p.id,
+                doc_id=p.doc_id,
+                origin=extractor_pb2.FACT_ORIGIN_LLM,
+                score=p.score,
+            )
+            for p in request.passages
+        ]
+        reply = extractor_pb2.ExtractResponse(facts=facts, mode=request.mode)
+        if self.fakes.behaviour.get("extractor") == "degraded":
+            reply.mode = extractor_pb2.EXTRACTION_MODE_EXTRACTIVE
+            reply.degraded_reason = "unavailable: the llm is down"
+        return reply
+
+
+class FakeNarrator(narrator_pb2_grpc.NarratorServiceServicer):
+    """Two deltas, then an answer citing source 1 (or, with no facts, that the documents do not say)."""
+
+    def __init__(self, fakes: Fakes) -> None:
+        self.fakes = fakes
+
+    async def NarrateStream(self, request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+        await self.fakes.act("narrator", request.request, context)
+        req = request.request
+        if not req.facts:
+            yield narrator_pb2.NarrateStreamResponse(
+                answer=narrator_pb2.Answer(text="The documents do not say.", mode=req.mode)
+            )
+            return
+        for delta in NARRATOR_DELTAS:
+            yield narrator_pb2.NarrateStreamResponse(delta=delta)
+            if self.fakes.behaviour.get("narrator") == "cut":
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "narrator died mid-stream")
+        source = req.sources[0]
+        answer = narrator_pb2.Answer(
+            text="".join(NARRATOR_DELTAS),
+            sentences=[narrator_pb2.Sentence(text="".join(NARRATOR_DELTAS), sources=[1])],
+            citations=[
+                narrator_pb2.Citation(
+                    number=1,
+                    source_id=source.id,
+                    doc_id=source.doc_id,
+                    title=source.title,
+                    snippet=source.snippet,
+                )
+            ],
+            answered=True,
+            mode=req.mode,
+        )
+        if self.fakes.behaviour.get("narrator") == "degraded":
+            answer.degraded_reason = "deadline: the llm was late"
+        yield narrator_pb2.NarrateStreamResponse(answer=answer)
+
+
 async def _server(*adders: Any) -> tuple[aio.Server, str]:
     server = aio.server()
     for add in adders:
@@ -201,6 +280,8 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         lambda s: embedder_pb2_grpc.add_EmbedderServiceServicer_to_server(FakeEmbedder(fakes), s),
         lambda s: sparse_pb2_grpc.add_SparseServiceServicer_to_server(FakeSparse(fakes), s),
         lambda s: reranker_pb2_grpc.add_RerankerServiceServicer_to_server(FakeReranker(fakes), s),
+        lambda s: extractor_pb2_grpc.add_ExtractorServiceServicer_to_server(FakeExtractor(fakes), s),
+        lambda s: narrator_pb2_grpc.add_NarratorServiceServicer_to_server(FakeNarrator(fakes), s),
     )
     shards = [await _server(FakeIndex(fakes, i).register) for i in range(2)]
     test_settings: dict[str, Any] = dict(
@@ -214,6 +295,8 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         sparse_address=mesh_address,
         index_addresses=",".join(address for _, address in shards),
         reranker_address=mesh_address,
+        extractor_address=mesh_address,
+        narrator_address=mesh_address,
         # Off by default so the fusion tests see the fused order; the rerank tests ask for it.
         gateway_rerank=False,
         # The reranker's order alone, easy to assert; the blend has a test of its own.

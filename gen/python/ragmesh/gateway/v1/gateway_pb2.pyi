@@ -1,4 +1,6 @@
 from ragmesh.common.v1 import common_pb2 as _common_pb2
+from ragmesh.extractor.v1 import extractor_pb2 as _extractor_pb2
+from ragmesh.narrator.v1 import narrator_pb2 as _narrator_pb2
 from ragmesh.planner.v1 import planner_pb2 as _planner_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -24,6 +26,9 @@ class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STAGE_INDEX: _ClassVar[Stage]
     STAGE_SPARSE: _ClassVar[Stage]
     STAGE_RERANKER: _ClassVar[Stage]
+    STAGE_HYDE: _ClassVar[Stage]
+    STAGE_EXTRACTOR: _ClassVar[Stage]
+    STAGE_NARRATOR: _ClassVar[Stage]
 
 class DegradationReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -32,6 +37,13 @@ class DegradationReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEGRADATION_REASON_DEADLINE: _ClassVar[DegradationReason]
     DEGRADATION_REASON_BREAKER_OPEN: _ClassVar[DegradationReason]
     DEGRADATION_REASON_ERROR: _ClassVar[DegradationReason]
+    DEGRADATION_REASON_INVALID_OUTPUT: _ClassVar[DegradationReason]
+
+class AnswerMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ANSWER_MODE_UNSPECIFIED: _ClassVar[AnswerMode]
+    ANSWER_MODE_LLM: _ClassVar[AnswerMode]
+    ANSWER_MODE_EXTRACTIVE: _ClassVar[AnswerMode]
 LEG_UNSPECIFIED: Leg
 LEG_DENSE: Leg
 LEG_BM25: Leg
@@ -42,11 +54,18 @@ STAGE_EMBEDDER: Stage
 STAGE_INDEX: Stage
 STAGE_SPARSE: Stage
 STAGE_RERANKER: Stage
+STAGE_HYDE: Stage
+STAGE_EXTRACTOR: Stage
+STAGE_NARRATOR: Stage
 DEGRADATION_REASON_UNSPECIFIED: DegradationReason
 DEGRADATION_REASON_UNAVAILABLE: DegradationReason
 DEGRADATION_REASON_DEADLINE: DegradationReason
 DEGRADATION_REASON_BREAKER_OPEN: DegradationReason
 DEGRADATION_REASON_ERROR: DegradationReason
+DEGRADATION_REASON_INVALID_OUTPUT: DegradationReason
+ANSWER_MODE_UNSPECIFIED: AnswerMode
+ANSWER_MODE_LLM: AnswerMode
+ANSWER_MODE_EXTRACTIVE: AnswerMode
 
 class LegWeights(_message.Message):
     __slots__ = ("dense", "bm25", "exact")
@@ -59,7 +78,7 @@ class LegWeights(_message.Message):
     def __init__(self, dense: _Optional[float] = ..., bm25: _Optional[float] = ..., exact: _Optional[float] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size", "rerank", "rerank_candidates")
+    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size", "rerank", "rerank_candidates", "hyde_mode")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +92,7 @@ class SearchRequest(_message.Message):
     POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
     RERANK_FIELD_NUMBER: _ClassVar[int]
     RERANK_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    HYDE_MODE_FIELD_NUMBER: _ClassVar[int]
     collection: str
     query: str
     top_k: int
@@ -86,7 +106,8 @@ class SearchRequest(_message.Message):
     pool_size: int
     rerank: bool
     rerank_candidates: int
-    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ..., rerank: _Optional[bool] = ..., rerank_candidates: _Optional[int] = ...) -> None: ...
+    hyde_mode: _planner_pb2.HydeMode
+    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ..., rerank: _Optional[bool] = ..., rerank_candidates: _Optional[int] = ..., hyde_mode: _Optional[_Union[_planner_pb2.HydeMode, str]] = ...) -> None: ...
 
 class LegRank(_message.Message):
     __slots__ = ("leg", "rank", "score")
@@ -175,3 +196,111 @@ class SearchResponse(_message.Message):
     reranked: bool
     fused_hits: _containers.RepeatedCompositeFieldContainer[LegHit]
     def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., leg_results: _Optional[_Iterable[_Union[LegResult, _Mapping]]] = ..., reranked: _Optional[bool] = ..., fused_hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ...) -> None: ...
+
+class AskRequest(_message.Message):
+    __slots__ = ("collection", "query", "passages", "doc_ids", "mode", "history", "hyde_mode", "rerank", "strategy", "include_facts")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    DOC_IDS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    HYDE_MODE_FIELD_NUMBER: _ClassVar[int]
+    RERANK_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FACTS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    query: str
+    passages: int
+    doc_ids: _containers.RepeatedScalarFieldContainer[str]
+    mode: AnswerMode
+    history: _containers.RepeatedCompositeFieldContainer[_narrator_pb2.ChatTurn]
+    hyde_mode: _planner_pb2.HydeMode
+    rerank: bool
+    strategy: _planner_pb2.Strategy
+    include_facts: bool
+    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., passages: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., mode: _Optional[_Union[AnswerMode, str]] = ..., history: _Optional[_Iterable[_Union[_narrator_pb2.ChatTurn, _Mapping]]] = ..., hyde_mode: _Optional[_Union[_planner_pb2.HydeMode, str]] = ..., rerank: _Optional[bool] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., include_facts: _Optional[bool] = ...) -> None: ...
+
+class AnswerCitation(_message.Message):
+    __slots__ = ("number", "doc_id", "chunk_id", "title", "snippet", "location")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    SNIPPET_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    number: int
+    doc_id: str
+    chunk_id: str
+    title: str
+    snippet: str
+    location: _common_pb2.ChunkLocation
+    def __init__(self, number: _Optional[int] = ..., doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., title: _Optional[str] = ..., snippet: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ...) -> None: ...
+
+class ExploredSource(_message.Message):
+    __slots__ = ("chunk_id", "doc_id", "title", "preview", "rerank_score", "cited")
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
+    RERANK_SCORE_FIELD_NUMBER: _ClassVar[int]
+    CITED_FIELD_NUMBER: _ClassVar[int]
+    chunk_id: str
+    doc_id: str
+    title: str
+    preview: str
+    rerank_score: float
+    cited: bool
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., preview: _Optional[str] = ..., rerank_score: _Optional[float] = ..., cited: _Optional[bool] = ...) -> None: ...
+
+class AskResponse(_message.Message):
+    __slots__ = ("answer", "answered", "citations", "sentences", "contradictions", "sources", "degradations", "timings", "plan", "mode", "facts")
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    CITATIONS_FIELD_NUMBER: _ClassVar[int]
+    SENTENCES_FIELD_NUMBER: _ClassVar[int]
+    CONTRADICTIONS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    DEGRADATIONS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FACTS_FIELD_NUMBER: _ClassVar[int]
+    answer: str
+    answered: bool
+    citations: _containers.RepeatedCompositeFieldContainer[AnswerCitation]
+    sentences: _containers.RepeatedCompositeFieldContainer[_narrator_pb2.Sentence]
+    contradictions: _containers.RepeatedCompositeFieldContainer[_narrator_pb2.Contradiction]
+    sources: _containers.RepeatedCompositeFieldContainer[ExploredSource]
+    degradations: _containers.RepeatedCompositeFieldContainer[Degradation]
+    timings: _containers.RepeatedCompositeFieldContainer[StageTiming]
+    plan: _planner_pb2.Plan
+    mode: AnswerMode
+    facts: _containers.RepeatedCompositeFieldContainer[_extractor_pb2.Fact]
+    def __init__(self, answer: _Optional[str] = ..., answered: _Optional[bool] = ..., citations: _Optional[_Iterable[_Union[AnswerCitation, _Mapping]]] = ..., sentences: _Optional[_Iterable[_Union[_narrator_pb2.Sentence, _Mapping]]] = ..., contradictions: _Optional[_Iterable[_Union[_narrator_pb2.Contradiction, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[ExploredSource, _Mapping]]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., mode: _Optional[_Union[AnswerMode, str]] = ..., facts: _Optional[_Iterable[_Union[_extractor_pb2.Fact, _Mapping]]] = ...) -> None: ...
+
+class AskProgress(_message.Message):
+    __slots__ = ("stage", "ms", "count")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    MS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    ms: float
+    count: int
+    def __init__(self, stage: _Optional[str] = ..., ms: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
+
+class AskStreamRequest(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: AskRequest
+    def __init__(self, request: _Optional[_Union[AskRequest, _Mapping]] = ...) -> None: ...
+
+class AskStreamResponse(_message.Message):
+    __slots__ = ("progress", "delta", "answer")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    progress: AskProgress
+    delta: str
+    answer: AskResponse
+    def __init__(self, progress: _Optional[_Union[AskProgress, _Mapping]] = ..., delta: _Optional[str] = ..., answer: _Optional[_Union[AskResponse, _Mapping]] = ...) -> None: ...

@@ -33,6 +33,11 @@ class GatewayServiceStub:
     circuit breaker; a failed leg is reported as a typed degradation and the search answers
     from the others. The fused candidates are then reranked by a cross-encoder (when enabled);
     a reranker that fails or is late leaves the fused order, with a degradation.
+
+    Ask answers a question with citations: plan, search and rerank as above, extract facts from
+    the best passages (extractor), write and verify a cited answer (narrator). With the LLM tier
+    down or late, the answer is extractive (the passages' best sentences, cited), with a
+    degradation, within the deadline.
     """
 
     def __init__(self, channel):
@@ -46,6 +51,16 @@ class GatewayServiceStub:
                 request_serializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.SearchRequest.SerializeToString,
                 response_deserializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.SearchResponse.FromString,
                 _registered_method=True)
+        self.Ask = channel.unary_unary(
+                '/ragmesh.gateway.v1.GatewayService/Ask',
+                request_serializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskRequest.SerializeToString,
+                response_deserializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskResponse.FromString,
+                _registered_method=True)
+        self.AskStream = channel.unary_stream(
+                '/ragmesh.gateway.v1.GatewayService/AskStream',
+                request_serializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskStreamRequest.SerializeToString,
+                response_deserializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskStreamResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServiceServicer:
@@ -56,10 +71,28 @@ class GatewayServiceServicer:
     circuit breaker; a failed leg is reported as a typed degradation and the search answers
     from the others. The fused candidates are then reranked by a cross-encoder (when enabled);
     a reranker that fails or is late leaves the fused order, with a degradation.
+
+    Ask answers a question with citations: plan, search and rerank as above, extract facts from
+    the best passages (extractor), write and verify a cited answer (narrator). With the LLM tier
+    down or late, the answer is extractive (the passages' best sentences, cited), with a
+    degradation, within the deadline.
     """
 
     def Search(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AskStream(self, request, context):
+        """Progress per stage, the answer's text as it is written, then the verified answer (last).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -71,6 +104,16 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.Search,
                     request_deserializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.SearchRequest.FromString,
                     response_serializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.SearchResponse.SerializeToString,
+            ),
+            'Ask': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ask,
+                    request_deserializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskRequest.FromString,
+                    response_serializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskResponse.SerializeToString,
+            ),
+            'AskStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.AskStream,
+                    request_deserializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskStreamRequest.FromString,
+                    response_serializer=ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +131,11 @@ class GatewayService:
     circuit breaker; a failed leg is reported as a typed degradation and the search answers
     from the others. The fused candidates are then reranked by a cross-encoder (when enabled);
     a reranker that fails or is late leaves the fused order, with a degradation.
+
+    Ask answers a question with citations: plan, search and rerank as above, extract facts from
+    the best passages (extractor), write and verify a cited answer (narrator). With the LLM tier
+    down or late, the answer is extractive (the passages' best sentences, cited), with a
+    degradation, within the deadline.
     """
 
     @staticmethod
@@ -107,6 +155,60 @@ class GatewayService:
             '/ragmesh.gateway.v1.GatewayService/Search',
             ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.SearchRequest.SerializeToString,
             ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.SearchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragmesh.gateway.v1.GatewayService/Ask',
+            ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskRequest.SerializeToString,
+            ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AskStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ragmesh.gateway.v1.GatewayService/AskStream',
+            ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskStreamRequest.SerializeToString,
+            ragmesh_dot_gateway_dot_v1_dot_gateway__pb2.AskStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,7 +58,23 @@ class Plan(_message.Message):
     def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., pool_size: _Optional[int] = ..., variations: _Optional[_Iterable[str]] = ..., hard_keywords: _Optional[_Iterable[str]] = ..., hyde_passage: _Optional[str] = ..., hyde_mode: _Optional[_Union[HydeMode, str]] = ..., planner: _Optional[str] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
-    __slots__ = ("plan",)
+    __slots__ = ("plan", "fallback_reason", "fallback_message")
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     plan: Plan
-    def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
+    fallback_reason: str
+    fallback_message: str
+    def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ..., fallback_reason: _Optional[str] = ..., fallback_message: _Optional[str] = ...) -> None: ...
+
+class HydeRequest(_message.Message):
+    __slots__ = ("query",)
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    def __init__(self, query: _Optional[str] = ...) -> None: ...
+
+class HydeResponse(_message.Message):
+    __slots__ = ("passage",)
+    PASSAGE_FIELD_NUMBER: _ClassVar[int]
+    passage: str
+    def __init__(self, passage: _Optional[str] = ...) -> None: ...

@@ -42,6 +42,11 @@ class PlannerServiceStub:
                 request_serializer=ragmesh_dot_planner_dot_v1_dot_planner__pb2.PlanRequest.SerializeToString,
                 response_deserializer=ragmesh_dot_planner_dot_v1_dot_planner__pb2.PlanResponse.FromString,
                 _registered_method=True)
+        self.Hyde = channel.unary_unary(
+                '/ragmesh.planner.v1.PlannerService/Hyde',
+                request_serializer=ragmesh_dot_planner_dot_v1_dot_planner__pb2.HydeRequest.SerializeToString,
+                response_deserializer=ragmesh_dot_planner_dot_v1_dot_planner__pb2.HydeResponse.FromString,
+                _registered_method=True)
 
 
 class PlannerServiceServicer:
@@ -57,6 +62,15 @@ class PlannerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Hyde(self, request, context):
+        """A hypothetical answer passage for the query (HyDE), generated on demand: the gateway asks for
+        one in supplement mode when its first results are weak. FAILED_PRECONDITION without an LLM,
+        UNAVAILABLE when the LLM fails.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -64,6 +78,11 @@ def add_PlannerServiceServicer_to_server(servicer, server):
                     servicer.Plan,
                     request_deserializer=ragmesh_dot_planner_dot_v1_dot_planner__pb2.PlanRequest.FromString,
                     response_serializer=ragmesh_dot_planner_dot_v1_dot_planner__pb2.PlanResponse.SerializeToString,
+            ),
+            'Hyde': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hyde,
+                    request_deserializer=ragmesh_dot_planner_dot_v1_dot_planner__pb2.HydeRequest.FromString,
+                    response_serializer=ragmesh_dot_planner_dot_v1_dot_planner__pb2.HydeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -96,6 +115,33 @@ class PlannerService:
             '/ragmesh.planner.v1.PlannerService/Plan',
             ragmesh_dot_planner_dot_v1_dot_planner__pb2.PlanRequest.SerializeToString,
             ragmesh_dot_planner_dot_v1_dot_planner__pb2.PlanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hyde(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragmesh.planner.v1.PlannerService/Hyde',
+            ragmesh_dot_planner_dot_v1_dot_planner__pb2.HydeRequest.SerializeToString,
+            ragmesh_dot_planner_dot_v1_dot_planner__pb2.HydeResponse.FromString,
             options,
             channel_credentials,
             insecure,

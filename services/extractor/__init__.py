@@ -1,0 +1,1 @@
+"""Extractor service: the map step of answering, atomic facts from the reranked passages."""

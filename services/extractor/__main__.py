@@ -1,0 +1,17 @@
+"""``python -m services.extractor``: serve ExtractorService with settings from RAGMESH_* variables."""
+
+from __future__ import annotations
+
+from meshkit.server import run_service
+from meshkit.settings import ExtractorSettings
+from services.extractor.servicer import build_spec
+
+
+def main() -> None:
+    settings = ExtractorSettings()
+    spec, _servicer = build_spec(settings)
+    run_service(spec, settings)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,374 @@
+"""One Ask: search (plan, legs, fusion, rerank), keep the passages that are evidence, extract
+facts from them (extractor), write and verify the cited answer (narrator).
+
+Each stage runs under its share of the caller's deadline (the search a fixed share, extraction
+a share of what is left, narration the rest), so a slow LLM costs the answer's quality, never
+its arrival: a failed or late extractor gives the passages' first sentences as facts, a failed
+or late narrator gives an extractive answer from those facts, each with a degradation. The
+stream form yields progress per stage and the narrator's text as it is written; the unary
+form is the same run with the text deltas ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+from meshkit.answering import NOT_IN_DOCUMENTS, content_words, split_sentences
+from meshkit.client import ClientPolicy, Downstream, DownstreamError
+from meshkit.errors import deadline_exceeded
+from meshkit.interceptors import deadline_var
+from meshkit.settings import GatewaySettings
+from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc
+from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
+from ragmesh.sparse.v1 import sparse_pb2
+from services.gateway import metrics
+from services.gateway.fusion import Fused
+from services.gateway.search import ERROR, REASON_OF, Degradation, Searcher, SearchOutcome
+from services.gateway.validation import SearchParams
+
+EXTRACTOR, NARRATOR = "extractor", "narrator"
+LLM, EXTRACTIVE = "llm", "extractive"
+# Time kept back from the narrator to build and send the final reply.
+REPLY_MARGIN_S = 0.1
+# Facts an answer states when the gateway has to write it itself (the narrator is down).
+LOCAL_ANSWER_FACTS = 3
+# Longest passage start shown among the sources explored, and as a fallback fact.
+PREVIEW_CHARS = 240
+
+
+@dataclass(frozen=True)
+class AskParams:
+    search: SearchParams
+    # Passages read for evidence.
+    passages: int
+    mode: str  # llm or extractive
+    history: list[narrator_pb2.ChatTurn]
+    include_facts: bool
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A passage read for the answer; its 1-based position is its citation number."""
+
+    result: Fused
+    chunk: sparse_pb2.ChunkText
+
+    @property
+    def score(self) -> float:
+        return self.result.rerank_score if self.result.rerank_score is not None else self.result.score
+
+
+@dataclass
+class AskOutcome:
+    search: SearchOutcome
+    evidence: list[Evidence]
+    facts: list[extractor_pb2.Fact]
+    answer: narrator_pb2.Answer
+    degradations: list[Degradation]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Progress:
+    stage: str
+    ms: float
+    count: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    outcome: AskOutcome
+
+
+AskEvent = Progress | Delta | Done
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+@contextlib.contextmanager
+def _deadline_scope(deadline: float) -> Iterator[None]:
+    """Downstream calls made inside see ``deadline`` as the caller's (never a later one)."""
+    current = deadline_var.get()
+    token = deadline_var.set(deadline if current is None else min(current, deadline))
+    try:
+        yield
+    finally:
+        deadline_var.reset(token)
+
+
+def _scope_left() -> float:
+    """Seconds left in the current deadline scope (a stage's share; see _deadline_scope). Passed
+    as the call's timeout: without one the client would cap the call at its default timeout,
+    far shorter than an LLM stage's share."""
+    deadline = deadline_var.get()
+    assert deadline is not None, "called outside a deadline scope"
+    return deadline - time.monotonic()
+
+
+def _degradation(stage: str, target: str, reason_text: str) -> Degradation:
+    """A stage's own "<reason>: <detail>" report (its LLM failed, it carried on without)."""
+    reason, _, detail = reason_text.partition(":")
+    return Degradation(
+        stage, REASON_OF.get(reason.strip(), ERROR), target, reason_text if not detail else detail.strip()
+    )
+
+
+def _from_error(stage: str, exc: DownstreamError) -> Degradation:
+    return Degradation(
+        stage, REASON_OF.get(exc.reason, ERROR), exc.target, f"{exc.target}: {exc.reason}: {exc.message}"
+    )
+
+
+class Asker:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        searcher: Searcher,
+        extractor: Downstream[extractor_pb2_grpc.ExtractorServiceStub],
+        narrator: Downstream[narrator_pb2_grpc.NarratorServiceStub],
+    ) -> None:
+        self.settings = settings
+        self.searcher = searcher
+        self.extractor = extractor
+        self.narrator = narrator
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings, searcher: Searcher) -> Asker:
+        policy = ClientPolicy.from_settings(settings)
+        size = settings.max_message_bytes
+        return cls(
+            settings,
+            searcher,
+            Downstream(
+                EXTRACTOR, settings.extractor_address, extractor_pb2_grpc.ExtractorServiceStub, policy, size
+            ),
+            Downstream(
+                NARRATOR, settings.narrator_address, narrator_pb2_grpc.NarratorServiceStub, policy, size
+            ),
+        )
+
+    async def close(self) -> None:
+        await self.extractor.close()
+        await self.narrator.close()
+
+    def _end(self) -> float:
+        now = time.monotonic()
+        inbound = deadline_var.get()
+        end = now + self.settings.gateway_ask_timeout_s if inbound is None else inbound
+        if end <= now:
+            raise deadline_exceeded("the deadline passed before the ask started")
+        return end
+
+    async def run(self, params: AskParams) -> AsyncIterator[AskEvent]:
+        started = time.perf_counter()
+        end = self._end()
+        timings: dict[str, float] = {}
+        search_end = time.monotonic() + (end - time.monotonic()) * self.settings.gateway_ask_search_share
+        with _deadline_scope(search_end):
+            searched = await self.searcher.search(params.search)
+        timings.update(searched.timings)
+        timings["search"] = timings.pop("total", _ms(time.perf_counter() - started))
+        evidence = self._evidence(searched, params)
+        yield Progress("search", timings["search"], len(evidence))
+
+        degradations = list(searched.degradations)
+        facts: list[extractor_pb2.Fact] = []
+        if evidence:
+            extract_started = time.perf_counter()
+            extract_end = (
+                time.monotonic() + (end - time.monotonic()) * self.settings.gateway_ask_extract_share
+            )
+            with _deadline_scope(extract_end):
+                facts = await self._extract(params, evidence, degradations)
+            timings["extract"] = _ms(time.perf_counter() - extract_started)
+            yield Progress("extract", timings["extract"], len(facts))
+
+        narrate_started = time.perf_counter()
+        answer: narrator_pb2.Answer | None = None
+        with _deadline_scope(end - REPLY_MARGIN_S):
+            async for event in self._narrate(params, evidence, facts, degradations):
+                if isinstance(event, str):
+                    yield Delta(event)
+                else:
+                    answer = event
+        assert answer is not None
+        timings["narrate"] = _ms(time.perf_counter() - narrate_started)
+        timings["total"] = _ms(time.perf_counter() - started)
+        for stage in ("extract", "narrate"):
+            if stage in timings:
+                metrics.STAGE_SECONDS.labels(stage).observe(timings[stage] / 1000)
+        for item in degradations[len(searched.degradations) :]:
+            metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
+        yield Done(AskOutcome(searched, evidence, facts, answer, degradations, timings))
+
+    def _evidence(self, searched: SearchOutcome, params: AskParams) -> list[Evidence]:
+        """The passages worth reading: hydrated, and when the cross-encoder scored them, scoring
+        at least the evidence floor (a passage it finds irrelevant is not evidence; with none
+        left the answer is that the documents do not say). Scored also covers the reranker's
+        fallback, when nothing passed its own threshold; unscored results of a scored search are
+        those under that threshold. Without scores (reranker off or down) nothing is gated."""
+        floor = self.settings.gateway_ask_min_rerank_score
+        scored = any(result.rerank_score is not None for result in searched.results)
+        found: list[Evidence] = []
+        for result in searched.results:
+            chunk = searched.chunks.get(result.chunk_id)
+            if chunk is None:
+                continue
+            if scored and (result.rerank_score is None or result.rerank_score < floor):
+                continue
+            found.append(Evidence(result, chunk))
+        return found[: params.passages]
+
+    async def _extract(
+        self, params: AskParams, evidence: list[Evidence], degradations: list[Degradation]
+    ) -> list[extractor_pb2.Fact]:
+        request = extractor_pb2.ExtractRequest(
+            query=params.search.query,
+            passages=[
+                extractor_pb2.Passage(
+                    id=item.chunk.chunk_id,
+                    doc_id=item.chunk.doc_id,
+                    title=item.chunk.title,
+                    text=item.chunk.text,
+                    score=item.score,
+                )
+                for item in evidence
+            ],
+            mode=extractor_pb2.EXTRACTION_MODE_LLM
+            if params.mode == LLM
+            else extractor_pb2.EXTRACTION_MODE_EXTRACTIVE,
+        )
+        extractor = self.extractor
+        try:
+            reply = await extractor.call(
+                extractor.stub.Extract, request, timeout=_scope_left(), idempotent=params.mode == EXTRACTIVE
+            )
+        except DownstreamError as exc:
+            degradations.append(_from_error(EXTRACTOR, exc))
+            return snippet_facts(evidence)
+        if reply.degraded_reason:
+            degradations.append(_degradation(EXTRACTOR, extractor.target, reply.degraded_reason))
+        return list(reply.facts)
+
+    async def _narrate(
+        self,
+        params: AskParams,
+        evidence: list[Evidence],
+        facts: list[extractor_pb2.Fact],
+        degradations: list[Degradation],
+    ) -> AsyncIterator[str | narrator_pb2.Answer]:
+        """The narrator's deltas, then its verified answer (always last); the gateway's own
+        extractive answer when the narrator fails or is late."""
+        number = {item.chunk.chunk_id: i for i, item in enumerate(evidence, 1)}
+        request = narrator_pb2.NarrateRequest(
+            query=params.search.query,
+            sources=[
+                narrator_pb2.Source(
+                    id=item.chunk.chunk_id,
+                    doc_id=item.chunk.doc_id,
+                    title=item.chunk.title,
+                    snippet=preview(item.chunk.text),
+                )
+                for item in evidence
+            ],
+            facts=[
+                narrator_pb2.Fact(text=fact.text, source=number[fact.passage_id], score=fact.score)
+                for fact in facts
+                if fact.passage_id in number
+            ],
+            history=params.history,
+            mode=narrator_pb2.NARRATION_MODE_LLM
+            if params.mode == LLM
+            else narrator_pb2.NARRATION_MODE_EXTRACTIVE,
+        )
+        narrator = self.narrator
+        try:
+            async for event in narrator.stream(
+                narrator.stub.NarrateStream,
+                narrator_pb2.NarrateStreamRequest(request=request),
+                timeout=_scope_left(),
+            ):
+                if event.HasField("answer"):
+                    if event.answer.degraded_reason:
+                        degradations.append(
+                            _degradation(NARRATOR, narrator.target, event.answer.degraded_reason)
+                        )
+                    yield event.answer
+                    return
+                yield event.delta
+        except DownstreamError as exc:
+            degradations.append(_from_error(NARRATOR, exc))
+        else:
+            degradations.append(
+                Degradation(NARRATOR, ERROR, narrator.target, "the stream ended without an answer")
+            )
+        yield local_answer(request)
+
+
+def preview(text: str) -> str:
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1].rstrip() + "…"
+
+
+def snippet_facts(evidence: list[Evidence]) -> list[extractor_pb2.Fact]:
+    """Without the extractor: the first sentence of each document's best passage stands for it
+    (the title line, which chunks start with, says nothing the citation does not)."""
+    facts = []
+    seen: set[str] = set()
+    for item in evidence:
+        if item.chunk.doc_id in seen:
+            continue
+        seen.add(item.chunk.doc_id)
+        title = content_words(item.chunk.title)
+        sentences = [s for s in split_sentences(item.chunk.text) if content_words(s) != title]
+        if sentences:
+            facts.append(
+                extractor_pb2.Fact(
+                    text=preview(sentences[0]),
+                    passage_id=item.chunk.chunk_id,
+                    doc_id=item.chunk.doc_id,
+                    origin=extractor_pb2.FACT_ORIGIN_SNIPPET,
+                    score=item.score,
+                )
+            )
+    return facts
+
+
+def local_answer(request: narrator_pb2.NarrateRequest) -> narrator_pb2.Answer:
+    """The answer the gateway writes when the narrator cannot: the best facts from distinct
+    sources, each cited, or that the documents do not say."""
+    chosen: list[narrator_pb2.Fact] = []
+    for fact in sorted(request.facts, key=lambda f: -f.score):
+        if all(fact.source != c.source for c in chosen):
+            chosen.append(fact)
+        if len(chosen) == LOCAL_ANSWER_FACTS:
+            break
+    answer = narrator_pb2.Answer(mode=narrator_pb2.NARRATION_MODE_EXTRACTIVE)
+    if not chosen:
+        answer.text = NOT_IN_DOCUMENTS
+        return answer
+    answer.answered = True
+    for fact in chosen:
+        text = f"{fact.text.rstrip()} [{fact.source}]"
+        answer.sentences.append(narrator_pb2.Sentence(text=text, sources=[fact.source]))
+        source = request.sources[fact.source - 1]
+        answer.citations.append(
+            narrator_pb2.Citation(
+                number=fact.source,
+                source_id=source.id,
+                doc_id=source.doc_id,
+                title=source.title,
+                snippet=source.snippet,
+            )
+        )
+    answer.text = " ".join(s.text for s in answer.sentences)
+    return answer

@@ -1,0 +1,1 @@
+"""The narrator service: the reduce step of answering (cited synthesis, verification, fallbacks)."""
