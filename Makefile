@@ -105,6 +105,7 @@ bench: setup
 	$(PY) -m bench.ingest_bench --dataset $(SCIFACT)
 	$(PY) -m bench.search_bench --dataset $(SCIFACT)
 	$(PY) -m bench.rerank_bench --dataset $(SCIFACT)
+	$(PY) -m bench.scale_bench --dataset $(SCIFACT)
 
 # Train the default cross-encoder into models/reranker/ (about 45 min on 2 CPU cores). torch is
 # installed for this build only; serving never imports it.

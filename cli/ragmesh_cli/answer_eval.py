@@ -30,9 +30,9 @@ from grpc import aio
 from tqdm import tqdm
 
 from meshkit.answering import cited_numbers, coverage
-from meshkit.client import channel_options
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh_cli.ask import MODES, TimedAnswer, stream_ask
+from ragmesh_cli.channels import open_channel
 from ragmesh_cli.documents import InputError, sanitize_doc_id
 from ragmesh_cli.evaluation import FATAL_CODES, BeirDataset, ensure_ingested, load_dataset, percentile
 from ragmesh_cli.search import degradation_label
@@ -274,7 +274,7 @@ async def run_answer_eval(args: argparse.Namespace, gateway_address: str, ingest
         )
     timeout_s = DEFAULT_TIMEOUT_S if args.deadline_ms is None else args.deadline_ms / 1000.0
     modes: dict[str, Any] = {}
-    async with aio.insecure_channel(gateway_address, options=channel_options()) as channel:
+    async with open_channel(gateway_address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         for mode in args.modes:
             requests = {

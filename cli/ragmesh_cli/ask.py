@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from google.protobuf.json_format import MessageToDict
-from grpc import aio
 
-from meshkit.client import channel_options
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
+from ragmesh_cli.channels import open_channel
 from ragmesh_cli.search import STRATEGIES, degradation_label, snippet
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -153,7 +152,7 @@ def _printer(out: TextIO) -> Callable[[gateway_pb2.AskStreamResponse], None]:
 async def run_ask(args: argparse.Namespace, address: str) -> int:
     request = build_request(args)
     timeout = DEFAULT_TIMEOUT_S if args.deadline_ms is None else args.deadline_ms / 1000.0
-    async with aio.insecure_channel(address, options=channel_options()) as channel:
+    async with open_channel(address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         if args.json:
             timed = await stream_ask(stub, request, timeout)

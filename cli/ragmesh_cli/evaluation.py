@@ -33,10 +33,10 @@ import grpc
 from grpc import aio
 from tqdm import tqdm
 
-from meshkit.client import channel_options
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli import metrics
+from ragmesh_cli.channels import open_channel
 from ragmesh_cli.documents import CORPUS_SUFFIXES, InputError, WalkStats, iter_documents, sanitize_doc_id
 from ragmesh_cli.search import LEG_NAMES, add_request_arguments, build_request, degradation_label, timeout_of
 from ragmesh_cli.search import request_settings as search_settings
@@ -169,7 +169,7 @@ def corpus_size(corpus_path: Path) -> int:
 
 
 async def indexed_count(address: str, collection: str) -> int:
-    async with aio.insecure_channel(address, options=channel_options()) as channel:
+    async with open_channel(address) as channel:
         stub = ingestion_pb2_grpc.IngestionServiceStub(channel)
         try:
             status = await stub.GetCollectionStatus(
@@ -482,7 +482,7 @@ async def run_eval(args: argparse.Namespace, gateway_address: str, ingestion_add
             timeout_s=args.ingest_timeout,
             max_in_flight=args.in_flight,
         )
-    async with aio.insecure_channel(gateway_address, options=channel_options()) as channel:
+    async with open_channel(gateway_address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         outcomes = await collect(stub, requests, timeout_s=timeout_s, concurrency=args.concurrency)
     runs = system_runs(outcomes)

@@ -10,12 +10,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpc import aio
 from tqdm import tqdm
 
-from meshkit.client import channel_options
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli import documents
+from ragmesh_cli.channels import open_channel
 from ragmesh_cli.documents import DetectFormat, WalkStats
 
 REQUEST_TIMEOUT_S = 300.0
@@ -173,7 +172,7 @@ async def run_ingest(
     """The whole command; returns the exit code. gRPC errors propagate (main prints them)."""
     detector = detect or load_detector()
     stats = WalkStats()
-    async with aio.insecure_channel(address, options=channel_options()) as channel:
+    async with open_channel(address) as channel:
         stub = ingestion_pb2_grpc.IngestionServiceStub(channel)
         result = await submit(stub, collection, paths, detector, stats, max_in_flight=max_in_flight)
         _print_summary(collection, result, stats)

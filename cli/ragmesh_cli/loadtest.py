@@ -43,6 +43,7 @@ from google.protobuf.message import Message
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
+from meshkit.addresses import grpc_target
 from meshkit.answering import split_sentences
 from meshkit.client import channel_options
 from meshkit.ids import chunk_id_for
@@ -55,6 +56,7 @@ from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
 from ragmesh.reranker.v1 import reranker_pb2
 from ragmesh.sparse.v1 import sparse_pb2
+from ragmesh_cli.channels import open_channel
 from ragmesh_cli.documents import InputError, WalkStats, read_corpus
 from ragmesh_cli.evaluation import find_corpus, load_dataset
 from ragmesh_cli.stack import read_state
@@ -289,7 +291,7 @@ def open_channels(address: str, count: int) -> list[aio.Channel]:
     # A local subchannel pool gives each channel its own HTTP/2 connection; with the global pool,
     # channels to one target with the same arguments would share one.
     options = [*channel_options(), ("grpc.use_local_subchannel_pool", 1)]
-    return [aio.insecure_channel(address, options=options) for _ in range(count)]
+    return [open_channel(address, options) for _ in range(count)]
 
 
 async def drive(
@@ -683,21 +685,34 @@ def address_env(component: str) -> str:
 
 def resolve_component_address(component: str, state_dir: Path) -> str:
     """As ``ragmesh_cli.main.resolve_address``, for every service: the env override, else the
-    running stack's record, else the settings' default. The index is its first shard."""
-    override = os.environ.get(address_env(component), "").split(",")[0].strip()
-    if override:
-        return override
+    running stack's record, else the settings' default, as a gRPC target over every replica.
+    The index is its first shard (with its replicas)."""
+    override = os.environ.get(address_env(component), "")
+    override = _first_shard(override) if component == "index" else override
+    if override.strip():
+        return grpc_target(override)
     name = "index-0" if component == "index" else component
-    for comp in (read_state(state_dir) or {}).get("components", []):
-        if comp["name"] == name:
-            return f"127.0.0.1:{comp['ports']['main']}"
+    replicas = [
+        f"127.0.0.1:{comp['ports']['main']}"
+        for comp in (read_state(state_dir) or {}).get("components", [])
+        if comp["name"] == name or (component != "index" and comp.get("kind") == component)
+    ]
+    if replicas:
+        return grpc_target(",".join(replicas))
     from meshkit.settings import MeshSettings
 
     field_name = "index_addresses" if component == "index" else f"{component}_address"
     default = MeshSettings.model_fields.get(field_name)
     if default is None:
         raise RuntimeError(f"no {component} address: start the stack or set {address_env(component)}")
-    return str(default.default).split(",")[0].strip()
+    value = str(default.default)
+    return grpc_target(_first_shard(value) if component == "index" else value)
+
+
+def _first_shard(index_addresses: str) -> str:
+    """Shard 0 of an index_addresses setting, its replicas (a|b) as a comma list."""
+    first = index_addresses.split(",")[0]
+    return ",".join(r.strip() for r in first.split("|") if r.strip())
 
 
 def random_unit_vectors(count: int, dimension: int, seed: int) -> list[list[float]]:
@@ -707,7 +722,7 @@ def random_unit_vectors(count: int, dimension: int, seed: int) -> list[list[floa
 
 
 async def embed_queries(address: str, queries: Sequence[str], timeout_s: float) -> list[list[float]]:
-    async with aio.insecure_channel(address, options=channel_options()) as channel:
+    async with open_channel(address) as channel:
         embed = channel.unary_unary(
             TARGETS["embedder"].method,
             request_serializer=embedder_pb2.EmbedRequest.SerializeToString,
@@ -723,7 +738,7 @@ async def embed_queries(address: str, queries: Sequence[str], timeout_s: float) 
 
 
 async def index_dimension(address: str, collection: str, timeout_s: float) -> int:
-    async with aio.insecure_channel(address, options=channel_options()) as channel:
+    async with open_channel(address) as channel:
         stats = channel.unary_unary(
             "/ragmesh.index.v1.IndexService/GetStats",
             request_serializer=index_pb2.GetStatsRequest.SerializeToString,

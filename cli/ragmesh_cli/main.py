@@ -17,13 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc import aio
 
-from meshkit.client import channel_options
+from meshkit.addresses import grpc_target
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-from ragmesh_cli import answer_eval, ask, evaluation, loadtest, search
+from ragmesh_cli import answer_eval, ask, evaluation, keys, loadtest, search
+from ragmesh_cli.channels import open_channel, use_api_key
 from ragmesh_cli.documents import InputError
-from ragmesh_cli.stack import ALL_SERVICES, ProcessStatus, Stack, StackError, read_state, stack_is_running
+from ragmesh_cli.stack import (
+    ALL_SERVICES,
+    ProcessStatus,
+    Stack,
+    StackError,
+    parse_counts,
+    parse_workers,
+    read_state,
+    stack_is_running,
+)
 
 DEFAULT_STATE_DIR = ".ragmesh"
 RPC_TIMEOUT_S = 60.0
@@ -40,14 +49,19 @@ def state_dir_of(args: argparse.Namespace) -> Path:
 
 
 def resolve_address(component: str, state_dir: Path) -> str:
-    """Env override, else the running stack's record, else the documented default."""
+    """Env override, else the running stack's record (every replica), else the documented default;
+    as a gRPC target (a list of replicas is balanced round-robin)."""
     override = os.environ.get(ADDRESS_ENV[component])
     if override:
-        return override
+        return grpc_target(override)
     data = read_state(state_dir)
-    for comp in (data or {}).get("components", []):
-        if comp["name"] == component:
-            return f"127.0.0.1:{comp['ports']['main']}"
+    replicas = [
+        f"127.0.0.1:{comp['ports']['main']}"
+        for comp in (data or {}).get("components", [])
+        if comp.get("kind", comp["name"]) == component
+    ]
+    if replicas:
+        return grpc_target(",".join(replicas))
     from meshkit.settings import MeshSettings
 
     default = MeshSettings.model_fields.get(f"{component}_address")
@@ -71,9 +85,7 @@ def process_table(statuses: Sequence[ProcessStatus]) -> str:
 async def _call_ingestion(
     state_dir: Path, call: Callable[[ingestion_pb2_grpc.IngestionServiceStub], Any]
 ) -> Any:
-    async with aio.insecure_channel(
-        resolve_address("ingestion", state_dir), options=channel_options()
-    ) as channel:
+    async with open_channel(resolve_address("ingestion", state_dir)) as channel:
         return await call(ingestion_pb2_grpc.IngestionServiceStub(channel))
 
 
@@ -91,12 +103,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         if args.services is not None
         else recorded.get("services", list(ALL_SERVICES))
     )
+    ingest_workers, processes = (None, None) if args.workers is None else parse_workers(args.workers)
+    replicas = None if args.replicas is None else parse_counts(args.replicas, "--replicas")
     stack = Stack(
         state_dir,
-        workers=args.workers if args.workers is not None else recorded.get("workers", 1),
+        workers=ingest_workers if ingest_workers is not None else recorded.get("workers", 1),
         index_shards=args.index_shards if args.index_shards is not None else recorded.get("index_shards", 1),
         services=[s.strip() for s in services if s.strip()],
         health_timeout_s=args.health_timeout,
+        replicas=replicas if replicas is not None else recorded.get("replicas", {}),
+        processes=processes if processes is not None else recorded.get("processes", {}),
     )
     print(f"starting the stack in {state_dir} ...", file=sys.stderr)
     print(stack.up())
@@ -331,11 +347,30 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help=f"stack state directory (default: $RAGMESH_STATE_DIR or ./{DEFAULT_STATE_DIR})",
     )
+    common.add_argument(
+        "--api-key",
+        default=argparse.SUPPRESS,
+        help="API key for the gateway and ingestion API (default: $RAGMESH_API_KEY, which keeps it out "
+        "of the process list)",
+    )
     parser = argparse.ArgumentParser(prog="ragmesh", description=__doc__, parents=[common])
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", parents=[common], help="start the local mesh (idempotent)")
-    up.add_argument("--workers", type=int, default=None, help="ingestion workers (default 1)")
+    up.add_argument(
+        "--workers",
+        default=None,
+        metavar="N|KIND=N,...",
+        help="N: ingestion workers (default 1); KIND=N,...: worker processes sharing the port of a "
+        "stateless service, e.g. gateway=2,embedder=2 (worker=N: ingestion workers)",
+    )
+    up.add_argument(
+        "--replicas",
+        default=None,
+        metavar="KIND=N,...",
+        help="replicas of stateless services, each on its own port, balanced round-robin by their "
+        "callers, e.g. reranker=2,embedder=2",
+    )
     up.add_argument("--index-shards", type=int, default=None, help="index shards (default 1)")
     up.add_argument("--services", default=None, help=f"comma separated subset of {','.join(ALL_SERVICES)}")
     up.add_argument(
@@ -415,11 +450,22 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", parents=[common], help="every RAGMESH_* setting with its default")
     config.add_argument("--json", action="store_true")
     config.set_defaults(func=cmd_config)
+
+    keys_parser = sub.add_parser("keys", parents=[common], help="API keys (docs/SECURITY.md)")
+    keys_sub = keys_parser.add_subparsers(dest="keys_command", required=True)
+    keys_new = keys_sub.add_parser(
+        "new", parents=[common], help="mint a key: prints it once, and the keys-file entry (its digest)"
+    )
+    keys_check = keys_sub.add_parser("check", parents=[common], help="validate a keys file, list its keys")
+    keys.add_arguments(keys_new, keys_check)
+    keys_new.set_defaults(func=keys.run_new)
+    keys_check.set_defaults(func=keys.run_check)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    use_api_key(getattr(args, "api_key", None))
     try:
         code: int = args.func(args)
     except grpc.RpcError as exc:

@@ -74,6 +74,20 @@ def free_port_pair(taken: set[int]) -> tuple[int, int]:
     raise RuntimeError("no free port pair found")
 
 
+def free_port_run(count: int, taken: set[int]) -> int:
+    """The first of ``count`` consecutive free ports (pre-fork workers serve /metrics on
+    port + worker index)."""
+    for _ in range(2000):
+        first = random.randint(_PAIR_LOW, _PAIR_HIGH - count)
+        run = range(first, first + count)
+        if any(port in taken for port in run):
+            continue
+        if all(_port_is_free(port) for port in run):
+            taken.update(run)
+            return first
+    raise RuntimeError(f"no run of {count} free ports found")
+
+
 def process_start_time(pid: int) -> int | None:
     """The kernel's start time of ``pid`` (clock ticks since boot), or None if there is no such
     process. Recorded with the pid so a recycled pid is never mistaken for our process."""

@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
-from grpc import aio
 
-from meshkit.client import channel_options
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2
+from ragmesh_cli.channels import open_channel
 
 DEFAULT_TIMEOUT_S = 30.0
 SNIPPET_CHARS = 80
@@ -227,7 +226,7 @@ def format_response(response: gateway_pb2.SearchResponse) -> str:
 async def search(
     address: str, request: gateway_pb2.SearchRequest, timeout_s: float
 ) -> gateway_pb2.SearchResponse:
-    async with aio.insecure_channel(address, options=channel_options()) as channel:
+    async with open_channel(address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         response: gateway_pb2.SearchResponse = await stub.Search(request, timeout=timeout_s)
         return response

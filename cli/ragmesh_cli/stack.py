@@ -2,11 +2,16 @@
 as detached processes on 127.0.0.1, records ports and pids in ``<state_dir>/stack.json``, checks
 health, restarts single components and stops everything.
 
-    stack = Stack(Path(".ragmesh"), workers=2)
+    stack = Stack(Path(".ragmesh"), workers=2, replicas={"reranker": 2}, processes={"gateway": 2})
     stack.up()
     env = stack.client_env()        # RAGMESH_* a client needs
     stack.kill("index-0"); stack.start("index-0")
     stack.down()
+
+Scale-out: ``replicas`` runs N processes of a stateless kind, each on its own port (the first keeps
+the kind's name, e.g. "reranker"; the others are "reranker-2"...) and ``client_env`` hands callers
+the comma separated list, which meshkit.client balances round-robin. ``processes`` runs a kind as
+N pre-fork workers behind one port (RAGMESH_WORKERS, meshkit.prefork).
 
 Every public method has a sync form and an ``*_async`` form; the sync ones use
 ``asyncio.run`` and so must not be called from a running event loop.
@@ -25,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +75,10 @@ STAGE_OF_KIND = {
     "gateway": 2,
     "worker": 3,
 }
+# Kinds that keep no state of their own, so they may run as several replicas or worker processes
+# (meshkit ServiceSpec.multiprocess_safe). The index, sparse and ingestion services own data or
+# consumer state per process; the LLM server is one URL.
+STATELESS_KINDS: tuple[str, ...] = ("embedder", "planner", "reranker", "extractor", "narrator", "gateway")
 # Service kinds that answer HTTP health instead of gRPC health (the LLM server is llama.cpp's).
 HTTP_HEALTH_PATHS = {"llm": "/health"}
 SERVING = "SERVING"
@@ -122,6 +131,55 @@ class ProcessStatus:
         return asdict(self)
 
 
+def parse_counts(text: str, option: str) -> dict[str, int]:
+    """``KIND=N,KIND=N`` as given to ``ragmesh up --replicas/--workers`` (kinds checked later)."""
+    counts: dict[str, int] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        kind, sep, value = item.partition("=")
+        kind = kind.strip()
+        if not sep or not kind or not value.strip().isdigit():
+            raise ValueError(f"{option}: {item!r} is not KIND=N (e.g. {option} reranker=2,embedder=2)")
+        if kind in counts:
+            raise ValueError(f"{option}: {kind} is given twice")
+        counts[kind] = int(value)
+    return counts
+
+
+def parse_workers(text: str) -> tuple[int | None, dict[str, int] | None]:
+    """``ragmesh up --workers``: a plain N (or worker=N) is the number of ingestion workers, as it
+    always was; KIND=N entries are worker processes per service. Returns (ingestion workers,
+    processes per kind), None for what the option does not set."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text), None
+    counts = parse_counts(text, "--workers")
+    ingest_workers = counts.pop("worker", None)
+    return ingest_workers, counts or None
+
+
+def check_scale(counts: Mapping[str, int], option: str, services: Sequence[str]) -> dict[str, int]:
+    """Validated per-kind counts, without the 1s (the default), so equal shapes compare equal."""
+    for kind, count in counts.items():
+        if kind not in STATELESS_KINDS:
+            raise ValueError(
+                f"{option}: {kind} cannot be scaled this way: only stateless services can "
+                f"({', '.join(STATELESS_KINDS)}); the index scales with --index-shards and ingestion "
+                "with --workers N"
+            )
+        if count < 1:
+            raise ValueError(f"{option}: {kind}={count} must be >= 1")
+        if count > 1 and kind not in services:
+            raise ValueError(f"{option}: {kind} is not among the services started ({', '.join(services)})")
+    return {kind: count for kind, count in sorted(counts.items()) if count > 1}
+
+
+def replica_name(kind: str, replica: int) -> str:
+    """Component name of replica ``replica`` (0-based): the kind itself for the first."""
+    return kind if replica == 0 else f"{kind}-{replica + 1}"
+
+
 def module_available(kind: str) -> bool:
     """Whether the service's module exists and can run with ``python -m``."""
     module = SERVICE_MODULES[kind]
@@ -167,6 +225,8 @@ class Stack:
         services: Sequence[str] = ALL_SERVICES,
         health_timeout_s: float = 60.0,
         grace_s: float = 15.0,
+        replicas: Mapping[str, int] | None = None,
+        processes: Mapping[str, int] | None = None,
     ) -> None:
         unknown = set(services) - set(ALL_SERVICES)
         if unknown:
@@ -178,6 +238,9 @@ class Stack:
         self.index_shards = index_shards
         self.extra_env = dict(extra_env or {})
         self.services = [kind for kind in ALL_SERVICES if kind in services]
+        # Kind -> processes, only the kinds with more than one.
+        self.replicas = check_scale(replicas or {}, "--replicas", self.services)
+        self.processes = check_scale(processes or {}, "--workers", self.services)
         self.health_timeout_s = health_timeout_s
         self.grace_s = grace_s
         self.components: dict[str, Component] = {}
@@ -199,6 +262,8 @@ class Stack:
             index_shards=data["index_shards"],
             extra_env=data.get("extra_env") or {},
             services=data["services"],
+            replicas=data.get("replicas") or {},
+            processes=data.get("processes") or {},
         )
         stack.components = {c["name"]: Component(**c) for c in data["components"]}
         return stack
@@ -230,6 +295,8 @@ class Stack:
             "state_dir": str(self.state_dir),
             "workers": self.workers,
             "index_shards": self.index_shards,
+            "replicas": self.replicas,
+            "processes": self.processes,
             "services": self.services,
             "extra_env": self.extra_env,
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -286,7 +353,7 @@ class Stack:
             env["RAGMESH_S3_ACCESS_KEY"] = creds["access_key"]
             env["RAGMESH_S3_SECRET_KEY"] = creds["secret_key"]
         if "embedder" in self.components:
-            env["RAGMESH_EMBEDDER_ADDRESS"] = self.address("embedder")
+            env["RAGMESH_EMBEDDER_ADDRESS"] = self.kind_address("embedder")
         shards = [
             self.address(f"index-{i}") for i in range(self.index_shards) if f"index-{i}" in self.components
         ]
@@ -297,17 +364,21 @@ class Stack:
         if "ingestion" in self.components:
             env["RAGMESH_INGESTION_ADDRESS"] = self.address("ingestion")
         if "planner" in self.components:
-            env["RAGMESH_PLANNER_ADDRESS"] = self.address("planner")
+            env["RAGMESH_PLANNER_ADDRESS"] = self.kind_address("planner")
         if "gateway" in self.components:
-            env["RAGMESH_GATEWAY_ADDRESS"] = self.address("gateway")
+            env["RAGMESH_GATEWAY_ADDRESS"] = self.kind_address("gateway")
         # A stack without the reranker tier runs the gateway without one (no address, no degradation).
-        env["RAGMESH_RERANKER_ADDRESS"] = self.address("reranker") if "reranker" in self.components else ""
+        env["RAGMESH_RERANKER_ADDRESS"] = self.kind_address("reranker")
         if "llm" in self.components:
             env["RAGMESH_LLM_BASE_URL"] = f"http://{self.address('llm')}/v1"
         for kind in ("extractor", "narrator"):
             if kind in self.components:
-                env[f"RAGMESH_{kind.upper()}_ADDRESS"] = self.address(kind)
+                env[f"RAGMESH_{kind.upper()}_ADDRESS"] = self.kind_address(kind)
         return env
+
+    def kind_address(self, kind: str) -> str:
+        """Every replica of a kind, comma separated in replica order ('' when none runs)."""
+        return ",".join(c.address for c in self.components.values() if c.kind == kind)
 
     def _process_env(self, comp: Component) -> dict[str, str]:
         # Caller's env first (its RAGMESH_* knobs reach the services), then the wiring, which must
@@ -338,7 +409,9 @@ class Stack:
                     for i in range(self.workers)
                 ]
             else:
-                specs.append((kind, kind, {}))
+                # The workers of one process share its port (fixed here, as they need).
+                own = {"RAGMESH_WORKERS": str(self.processes[kind])} if kind in self.processes else {}
+                specs += [(replica_name(kind, r), kind, dict(own)) for r in range(self.replicas.get(kind, 1))]
         return specs
 
     def _plan_names(self) -> list[str]:
@@ -359,6 +432,9 @@ class Stack:
         ]
         for i, (name, kind, env) in enumerate(specs):
             grpc_port, metrics_port = ports[2 + 2 * i], ports[3 + 2 * i]
+            if kind in self.processes:
+                # Worker w serves /metrics on metrics_port + w: a run of free ports.
+                metrics_port = procutil.free_port_run(self.processes[kind], taken)
             env = {**env, "RAGMESH_PORT": str(grpc_port), "RAGMESH_METRICS_PORT": str(metrics_port)}
             comps.append(Component(name, kind, {"main": grpc_port, "metrics": metrics_port}, env))
         return {c.name: c for c in comps}
@@ -428,8 +504,9 @@ class Stack:
         if comp.kind in HTTP_HEALTH_PATHS:
             return await _probe_http(f"http://{comp.address}{HTTP_HEALTH_PATHS[comp.kind]}")
         from meshkit.client import check_health
+        from ragmesh_cli.channels import client_tls
 
-        return await check_health(comp.address, timeout=1.0)
+        return await check_health(comp.address, timeout=1.0, tls=client_tls())
 
     def _exit_code(self, comp: Component) -> int | None:
         """The exit code if the component's process is known to have ended, else None."""
@@ -558,6 +635,12 @@ class Stack:
             raise StackError(
                 f"a stack with {sorted(recorded)} is running in {self.state_dir}; "
                 f"run 'ragmesh down' before starting {sorted(wanted)}"
+            )
+        running_processes = data.get("processes") or {}
+        if running_processes != self.processes:
+            raise StackError(
+                f"a stack with worker processes {running_processes or 'none'} is running in "
+                f"{self.state_dir}; run 'ragmesh down' before starting it with {self.processes or 'none'}"
             )
         self.components = recorded
         self.extra_env = data.get("extra_env") or self.extra_env

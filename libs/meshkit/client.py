@@ -31,10 +31,12 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from meshkit.addresses import grpc_target
 from meshkit.interceptors import deadline_var
 from meshkit.logs import REQUEST_ID_HEADER, current_request_id, new_request_id
 from meshkit.metrics import BREAKER_STATE, CLIENT_CALLS, CLIENT_RETRIES
 from meshkit.settings import MeshSettings
+from meshkit.tls import ClientTLS, open_channel
 
 log = logging.getLogger("meshkit.client")
 
@@ -76,6 +78,8 @@ class ClientPolicy:
     retry_backoff_s: float = 0.1
     breaker_fail_max: int = 5
     breaker_reset_s: float = 10.0
+    # None: plaintext channels; else TLS (and mTLS with a client certificate), see meshkit.tls.
+    tls: ClientTLS | None = None
 
     @classmethod
     def from_settings(cls, settings: MeshSettings) -> ClientPolicy:
@@ -85,6 +89,7 @@ class ClientPolicy:
             retry_backoff_s=settings.client_retry_backoff_s,
             breaker_fail_max=settings.breaker_fail_max,
             breaker_reset_s=settings.breaker_reset_s,
+            tls=ClientTLS.from_settings(settings),
         )
 
 
@@ -132,7 +137,8 @@ def remaining_budget(timeout: float | None) -> float:
 
 
 class Downstream(Generic[StubT]):
-    """A guarded client for one downstream address."""
+    """A guarded client for one downstream stage: one address, a comma separated list of its
+    replicas, or a DNS name (see meshkit.addresses)."""
 
     def __init__(
         self,
@@ -145,7 +151,8 @@ class Downstream(Generic[StubT]):
         self.target = target
         self.address = address
         self.policy = policy or ClientPolicy()
-        self.channel = aio.insecure_channel(address, options=channel_options(max_message_bytes))
+        # A list of replicas (or a DNS name) becomes one target balanced round-robin.
+        self.channel = open_channel(grpc_target(address), channel_options(max_message_bytes), self.policy.tls)
         self.stub = stub_factory(self.channel)
         self.breaker = pybreaker.CircuitBreaker(
             fail_max=self.policy.breaker_fail_max,
@@ -262,10 +269,12 @@ class Downstream(Generic[StubT]):
         return DownstreamError(self.target, reason, code, exc.details() or "")
 
 
-async def check_health(address: str, service: str = "", timeout: float = 1.0) -> str:
+async def check_health(
+    address: str, service: str = "", timeout: float = 1.0, tls: ClientTLS | None = None
+) -> str:
     """The health status name of ``service`` at ``address``: SERVING, NOT_SERVING,
-    UNREACHABLE..."""
-    async with aio.insecure_channel(address) as channel:
+    UNREACHABLE... (over TLS when ``tls`` is given)."""
+    async with open_channel(address, tls=tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)

@@ -36,3 +36,11 @@ def unavailable(message: str) -> ServiceError:
 
 def deadline_exceeded(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+
+
+def unauthenticated(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.UNAUTHENTICATED, message)
+
+
+def permission_denied(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.PERMISSION_DENIED, message)

@@ -1,7 +1,9 @@
 """Server interceptor: request ids, deadlines, access logs, metrics and error mapping.
 
 It wraps every handler so servicers only hold business logic: they raise ``ServiceError`` for
-caller mistakes and let anything else become INTERNAL with the request id in the message.
+caller mistakes and let anything else become INTERNAL with the request id in the message. A
+service with a ``Guard`` (meshkit.auth) has every call but health and reflection checked by it
+before the handler runs.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
 from grpc import aio
 
+from meshkit.auth import Guard, principal_var
 from meshkit.errors import ServiceError
-from meshkit.logs import REQUEST_ID_HEADER, new_request_id, request_id_var
+from meshkit.logs import REQUEST_ID_HEADER, api_key_name_var, new_request_id, request_id_var
 from meshkit.metrics import RPC_IN_FLIGHT, RPC_LATENCY, RPC_REQUESTS
 
 log = logging.getLogger("meshkit.rpc")
@@ -35,21 +39,35 @@ def _request_id_from(metadata: Any) -> str:
     return new_request_id()
 
 
-def _begin(context: aio.ServicerContext) -> tuple[contextvars.Token[str], contextvars.Token[float | None]]:
+@dataclass(frozen=True)
+class _CallTokens:
+    request_id: contextvars.Token[str]
+    deadline: contextvars.Token[float | None]
+    api_key_name: contextvars.Token[str]
+    principal: contextvars.Token[Any]
+
+
+def _begin(context: aio.ServicerContext) -> _CallTokens:
     rid = _request_id_from(context.invocation_metadata())
     remaining = context.time_remaining()
     deadline = time.monotonic() + remaining if remaining is not None else None
-    return request_id_var.set(rid), deadline_var.set(deadline)
+    # The caller is set by the guard; blank until then, and reset with the rest after the call.
+    return _CallTokens(
+        request_id_var.set(rid), deadline_var.set(deadline), api_key_name_var.set(""), principal_var.set(None)
+    )
 
 
-def _end(tokens: tuple[contextvars.Token[str], contextvars.Token[float | None]]) -> None:
-    request_id_var.reset(tokens[0])
-    deadline_var.reset(tokens[1])
+def _end(tokens: _CallTokens) -> None:
+    request_id_var.reset(tokens.request_id)
+    deadline_var.reset(tokens.deadline)
+    api_key_name_var.reset(tokens.api_key_name)
+    principal_var.reset(tokens.principal)
 
 
 class MeshServerInterceptor(aio.ServerInterceptor):
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, guard: Guard | None = None) -> None:
         self.service = service
+        self.guard = guard
 
     async def intercept_service(
         self,
@@ -74,7 +92,18 @@ class MeshServerInterceptor(aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+        if self.guard is not None:
+            # The guard reads the request before the handler runs; a streamed request cannot be
+            # read up front, so such methods are refused rather than served unchecked.
+            return _refused(handler, short)
         return handler
+
+    def _authorise(self, method: str, request: Any, context: aio.ServicerContext) -> None:
+        if self.guard is None:
+            return
+        key = self.guard.check(method, request, context.invocation_metadata())
+        principal_var.set(key)
+        api_key_name_var.set(key.name)
 
     def _finish(self, method: str, code: grpc.StatusCode, started: float, detail: str = "") -> None:
         elapsed = time.perf_counter() - started
@@ -117,6 +146,7 @@ class MeshServerInterceptor(aio.ServerInterceptor):
             RPC_IN_FLIGHT.labels(self.service).inc()
             try:
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id_var.get()),))
+                self._authorise(method, request, context)
                 response = await behavior(request, context)
                 self._finish(method, context.code() or grpc.StatusCode.OK, started)
                 return response
@@ -138,6 +168,7 @@ class MeshServerInterceptor(aio.ServerInterceptor):
             started = time.perf_counter()
             RPC_IN_FLIGHT.labels(self.service).inc()
             try:
+                self._authorise(method, request, context)
                 async for item in behavior(request, context):
                     yield item
                 self._finish(method, grpc.StatusCode.OK, started)
@@ -150,3 +181,21 @@ class MeshServerInterceptor(aio.ServerInterceptor):
                 _end(tokens)
 
         return wrapped
+
+
+def _refused(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    async def refuse(request_iterator: Any, context: aio.ServicerContext) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, f"{method}: streamed requests are not served with auth on"
+        )
+
+    factory = (
+        grpc.stream_stream_rpc_method_handler
+        if handler.stream_stream
+        else grpc.stream_unary_rpc_method_handler
+    )
+    return factory(
+        refuse,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )

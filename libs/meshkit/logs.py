@@ -11,6 +11,8 @@ import uuid
 from typing import Any
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+# The name of the API key the call being served authenticated with (never the key itself).
+api_key_name_var: contextvars.ContextVar[str] = contextvars.ContextVar("api_key_name", default="")
 REQUEST_ID_HEADER = "x-request-id"
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
@@ -41,6 +43,9 @@ class JsonFormatter(logging.Formatter):
         rid = request_id_var.get()
         if rid:
             entry["request_id"] = rid
+        caller = api_key_name_var.get()
+        if caller:
+            entry["api_key_name"] = caller
         for key, value in record.__dict__.items():
             if key not in _RESERVED and not key.startswith("_"):
                 entry[key] = value
@@ -51,9 +56,13 @@ class JsonFormatter(logging.Formatter):
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        rid = request_id_var.get()
+        tags = " ".join(
+            f"{name}={value}"
+            for name, value in (("rid", request_id_var.get()), ("key", api_key_name_var.get()))
+            if value
+        )
         base = f"{record.levelname[0]} {record.name}: {record.getMessage()}"
-        return f"{base} [rid={rid}]" if rid else base
+        return f"{base} [{tags}]" if tags else base
 
 
 def configure_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:

@@ -27,6 +27,12 @@ CLIENT_RETRIES = Counter("ragmesh_client_retries_total", "Retried outgoing calls
 BREAKER_STATE = Gauge(
     "ragmesh_breaker_open", "1 while the circuit breaker of a downstream is open.", ["target"]
 )
+AUTH_REQUESTS = Counter(
+    "ragmesh_auth_requests_total",
+    "Calls checked by API-key auth, by key name ('-' when none matched) and outcome "
+    "(ok, unauthenticated, permission_denied, rate_limited).",
+    ["service", "key", "outcome"],
+)
 
 
 def start_metrics_server(port: int, host: str = "127.0.0.1") -> int:

@@ -54,11 +54,26 @@ class MeshSettings(BaseSettings):
     log_format: Literal["json", "text"] = Field("json", description="Structured JSON or plain text logs.")
     shutdown_grace_s: float = Field(10.0, description="How long SIGTERM waits for in-flight calls.")
     max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest gRPC message accepted or sent.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Worker processes serving this process's port (pre-fork, SO_REUSEPORT: the kernel "
+        "spreads connections, not calls, so it pays where many clients connect, e.g. the gateway; scale a "
+        "stage behind a few gRPC channels with replicas). Stateless services only (embedder, reranker, "
+        "planner, extractor, narrator, gateway); needs a fixed port. Worker i serves /metrics on "
+        "metrics_port + i. A worker that dies takes the group down with a non-zero exit, for the "
+        "supervisor (ragmesh up, Kubernetes) to restart.",
+    )
+    worker_index: int | None = Field(
+        None, ge=0, description="Set by the pre-fork parent in each worker process; never set by hand."
+    )
 
-    # --- downstream addresses (host:port) ---
+    # --- downstream addresses: host:port, replicas comma separated (IP literals), or dns:///name:port ---
     embedder_address: str = Field("127.0.0.1:50051", description="Embedder service.")
     index_addresses: str = Field(
-        "127.0.0.1:50052", description="Index shards, comma separated, in shard order."
+        "127.0.0.1:50052",
+        description="Index shards, comma separated, in shard order; replicas of one shard separated by | "
+        "(a:1|a:2,b:1: shard 0 on two replicas, shard 1 on one), or one dns:///name:port per shard.",
     )
     sparse_address: str = Field("127.0.0.1:50053", description="Sparse (BM25 + exact) service.")
     ingestion_address: str = Field("127.0.0.1:50054", description="Ingestion API service.")
@@ -88,8 +103,44 @@ class MeshSettings(BaseSettings):
     snapshots_bucket: str = Field("ragmesh-snapshots", description="Index snapshots.")
     models_bucket: str = Field("ragmesh-models", description="Model directories.")
 
+    # --- security (docs/SECURITY.md) ---
+    api_keys_file: Path | None = Field(
+        None,
+        description="JSON file of API keys (sha256 digests, collections, rates) checked by the gateway and "
+        "the ingestion API; unset: no auth (local development only).",
+    )
+    api_key_rate_per_s: float = Field(
+        0.0, ge=0, description="Default requests/s per API key when its entry sets none (0: unlimited)."
+    )
+    api_key_burst: int = Field(0, ge=0, description="Default burst per API key (0: one second's worth).")
+    api_key: str = Field(
+        "",
+        description="API key this client (the CLI) presents to the gateway and ingestion (never logged).",
+        repr=False,
+    )
+    tls_cert_file: Path | None = Field(None, description="Server: PEM certificate chain; set: serve TLS.")
+    tls_key_file: Path | None = Field(None, description="Server: PEM private key of tls_cert_file.")
+    tls_client_ca_file: Path | None = Field(
+        None, description="Server: PEM CA bundle; set: require client certificates signed by it (mTLS)."
+    )
+    tls_ca_file: Path | None = Field(
+        None, description="Client: PEM CA bundle; set: connect with TLS, verifying servers against it."
+    )
+    tls_client_cert_file: Path | None = Field(
+        None, description="Client: PEM certificate presented to servers that require one (mTLS)."
+    )
+    tls_client_key_file: Path | None = Field(
+        None, description="Client: PEM private key of tls_client_cert_file."
+    )
+    tls_server_name: str = Field(
+        "", description="Client: name the server certificate must carry (default: the host dialled)."
+    )
+
     def index_address_list(self) -> list[str]:
-        return [a.strip() for a in self.index_addresses.split(",") if a.strip()]
+        """One address per shard, in shard order, each in the form every other address setting takes
+        (replicas comma separated): ``a:1|a:2,b:1`` gives ``["a:1,a:2", "b:1"]``."""
+        shards = [a.strip() for a in self.index_addresses.split(",") if a.strip()]
+        return [",".join(r.strip() for r in shard.split("|") if r.strip()) for shard in shards]
 
 
 class EmbedderSettings(MeshSettings):
@@ -385,6 +436,12 @@ class GatewaySettings(MeshSettings):
     gateway_max_history_turns: int = Field(20, ge=0, description="Most chat-history turns in an Ask.")
     gateway_max_history_chars: int = Field(
         32_000, ge=0, description="Longest chat history in an Ask, all turns together."
+    )
+    gateway_max_request_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Largest inbound request message (the largest legal one, 10k doc_ids and a full history, "
+        "is ~3 MiB); larger gets RESOURCE_EXHAUSTED before it is parsed.",
     )
 
 

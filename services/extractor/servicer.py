@@ -181,5 +181,6 @@ def build_spec(
         register=register,
         on_start=on_start,
         on_stop=on_stop,
+        multiprocess_safe=True,
     )
     return spec, servicer

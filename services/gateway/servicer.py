@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from grpc import aio
 
+from meshkit.auth import READ, Rule
 from meshkit.errors import unavailable
 from meshkit.server import ServiceSpec
 from meshkit.settings import GatewaySettings
@@ -65,6 +66,12 @@ REASON_PB = {
 }
 # Legs in the order responses list them.
 LEG_ORDER = (DENSE, BM25, EXACT)
+# What an API key needs for each method (meshkit.auth): every call reads one collection.
+ACCESS = {
+    "Search": Rule(READ, lambda request: request.collection),
+    "Ask": Rule(READ, lambda request: request.collection),
+    "AskStream": Rule(READ, lambda request: request.request.collection),
+}
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -246,4 +253,7 @@ def build_spec(settings: GatewaySettings) -> ServiceSpec:
         register=lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server),
         on_start=[servicer.start],
         on_stop=[servicer.stop],
+        multiprocess_safe=True,
+        access=ACCESS,
+        max_request_bytes=settings.gateway_max_request_bytes,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshkit.server import ServiceSpec, run_service
 from meshkit.settings import IngestionSettings
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-from services.ingestion.servicer import IngestionServicer
+from services.ingestion.servicer import ACCESS, IngestionServicer
 
 
 def main() -> None:
@@ -18,6 +18,7 @@ def main() -> None:
         register=lambda server: ingestion_pb2_grpc.add_IngestionServiceServicer_to_server(servicer, server),
         on_start=[servicer.start],
         on_stop=[servicer.stop],
+        access=ACCESS,
     )
     run_service(spec, settings)
 

@@ -8,6 +8,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import nats
@@ -16,6 +17,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import Counter
 
+from meshkit.auth import READ, WRITE, Rule, readable
 from meshkit.errors import ServiceError, invalid_argument, not_found, resource_exhausted, unavailable
 from meshkit.ids import doc_id_problem, doc_key, sha256_hex, validate_collection, validate_doc_id
 from meshkit.objectstore import ObjectStore
@@ -48,6 +50,23 @@ MAX_METADATA_CHARS = 4096
 MAX_PROBLEMS_REPORTED = 10
 SUBMIT_CONCURRENCY = 32
 CAS_RETRIES = 5
+
+
+def _collection(request: Any) -> str:
+    return str(request.collection)
+
+
+# What an API key needs for each method (meshkit.auth). ListCollections answers with the
+# collections the key may read; the dead-letter calls without a collection span them all ('*').
+ACCESS = {
+    "IngestDocuments": Rule(WRITE, _collection),
+    "DeleteDocuments": Rule(WRITE, _collection),
+    "GetDocumentStatus": Rule(READ, _collection),
+    "GetCollectionStatus": Rule(READ, _collection),
+    "ListCollections": Rule(READ),
+    "ListDeadLetters": Rule(READ, _collection, all_when_empty=True),
+    "ReplayDeadLetters": Rule(WRITE, _collection, all_when_empty=True),
+}
 
 STATE_TO_PROTO = {
     QUEUED: ingestion_pb2.DOCUMENT_STATE_QUEUED,
@@ -363,7 +382,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     async def ListCollections(
         self, request: ingestion_pb2.ListCollectionsRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.ListCollectionsResponse:
-        return ingestion_pb2.ListCollectionsResponse(collections=self.view.collections())
+        return ingestion_pb2.ListCollectionsResponse(collections=readable(self.view.collections()))
 
     # --- dead letters -----------------------------------------------------------------------
 

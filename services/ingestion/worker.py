@@ -181,13 +181,17 @@ class IngestWorker:
         try:
             claimed = await asyncio.gather(*(self._claim(msg) for msg in msgs))
             jobs = [(msg, job) for msg, job in zip(msgs, claimed, strict=True) if isinstance(job, Job)]
-            heartbeat = asyncio.create_task(self._heartbeat(jobs))
+            done = asyncio.Event()
+            heartbeat = asyncio.create_task(self._heartbeat(jobs, done))
             try:
                 await self._process([job for _msg, job in jobs])
             finally:
+                # nats-py's flush swallows cancellation (NATS killed mid-batch left the heartbeat
+                # looping and the batch waiting on it for good): the event ends the loop, and the
+                # wait is bounded so a heartbeat stuck in the client never holds the batch.
+                done.set()
                 heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heartbeat
+                await asyncio.wait({heartbeat}, timeout=5.0)
             await asyncio.gather(*(self._settle(msg, job) for msg, job in jobs))
         finally:
             self._held.difference_update(job.key for _msg, job in jobs)
@@ -276,10 +280,12 @@ class IngestWorker:
             return Job(event=event, status=claimed, status_revision=revision, attempt=attempt)
         return Busy(1.0)
 
-    async def _heartbeat(self, jobs: list[tuple[Msg, Job]]) -> None:
+    async def _heartbeat(self, jobs: list[tuple[Msg, Job]], done: asyncio.Event) -> None:
         interval = max(0.5, min(self.settings.ingest_ack_wait_s, self.settings.ingest_lease_s) / 3)
-        while True:
-            await asyncio.sleep(interval)
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), interval)
+                return
             for msg, job in jobs:
                 with contextlib.suppress(Exception):
                     await msg.in_progress()

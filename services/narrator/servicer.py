@@ -211,5 +211,6 @@ def build_spec(settings: NarratorSettings, llm: LLM | None = None) -> tuple[Serv
         register=register,
         on_start=[],
         on_stop=[servicer.stop],
+        multiprocess_safe=True,
     )
     return spec, servicer

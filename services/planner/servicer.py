@@ -150,4 +150,5 @@ def build_spec(
         grpc_services=[planner_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name],
         register=lambda server: planner_pb2_grpc.add_PlannerServiceServicer_to_server(servicer, server),
         on_stop=on_stop,
+        multiprocess_safe=True,
     )

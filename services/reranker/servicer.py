@@ -206,5 +206,6 @@ def build_spec(
         register=register,
         on_start=[servicer.start],
         on_stop=[servicer.stop],
+        multiprocess_safe=True,
     )
     return spec, servicer

@@ -45,11 +45,20 @@ TEST_ENV = {
 }
 
 
+REPLICAS = {"embedder": 2, "planner": 2, "reranker": 2}
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The running mesh (NATS, S3 and every available service, one ingestion worker)."""
     running = Stack(
-        tmp_path_factory.mktemp("stack"), workers=1, services=_wanted_services(), extra_env=TEST_ENV
+        tmp_path_factory.mktemp("stack"),
+        workers=1,
+        services=_wanted_services(),
+        extra_env=TEST_ENV,
+        # Two replicas of the search stages, balanced by the gateway's client, for the replica
+        # fault tests; tests that stop a stage stop every replica of it.
+        replicas=REPLICAS,
     )
     try:
         running.up()

@@ -4,10 +4,13 @@ real services, plus the helpers the tests share (submit, wait, count, metrics)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc import aio
@@ -162,3 +165,125 @@ class Mesh:
         for match in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", body, re.MULTILINE):
             total += float(match.group(1))
         return total
+
+
+# --- load and resource accounting (fault and soak tests) --------------------------------------
+
+
+def rss_kib(pid: int | None) -> int | None:
+    """Resident memory of a process (VmRSS, KiB); None when it is not running."""
+    if not pid:
+        return None
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return None
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name (in parentheses) may hold spaces: the parent pid follows it.
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    return children
+
+
+def stack_rss_kib(stack: Stack) -> dict[str, int | None]:
+    """VmRSS of every component of the stack, by name: its process and all its descendants (a
+    service run with several worker processes counts them all); None when it is not running."""
+    children = _children_by_parent()
+    report: dict[str, int | None] = {}
+    for name in stack.names():
+        pid = stack.component(name).pid
+        own = rss_kib(pid)
+        if pid is None or own is None:
+            report[name] = None
+            continue
+        pending, total = list(children.get(pid, [])), own
+        while pending:
+            child = pending.pop()
+            total += rss_kib(child) or 0
+            pending.extend(children.get(child, []))
+        report[name] = total
+    return report
+
+
+@dataclass
+class Call:
+    """One RPC (or one logical operation) made by a load loop."""
+
+    kind: str
+    started: float
+    ended: float | None = None
+    # None: it succeeded. Otherwise what went wrong: a status code, or an unexpected answer.
+    problem: str | None = None
+
+
+class CallLog:
+    """Every call a load generator made, with its outcome and timing: lets a test say exactly
+    which calls were in flight at a given moment and which ones failed."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+
+    async def run(self, kind: str, work: Callable[[], Awaitable[str | None]]) -> Call:
+        """Run ``work``; it returns None when the answer is as expected, else a description.
+        A gRPC error is recorded as a failure; anything else is a test bug and propagates."""
+        call = Call(kind, time.monotonic())
+        self.calls.append(call)
+        try:
+            call.problem = await work()
+        except aio.AioRpcError as exc:
+            call.problem = f"{exc.code().name}: {exc.details()}"
+        finally:
+            call.ended = time.monotonic()
+        return call
+
+    def failed(self) -> list[Call]:
+        return [c for c in self.calls if c.ended is not None and c.problem is not None]
+
+    def finished_since(self, moment: float) -> list[Call]:
+        """Calls started after ``moment`` that have ended."""
+        return [c for c in self.calls if c.started > moment and c.ended is not None]
+
+    def in_flight_during(self, start: float, end: float) -> list[Call]:
+        """Calls that were running at some instant of [start, end]."""
+        return [c for c in self.calls if c.started <= end and (c.ended is None or c.ended >= start)]
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """kind -> {"ok": n, "failed": n}."""
+        out: dict[str, dict[str, int]] = {}
+        for call in self.calls:
+            counts = out.setdefault(call.kind, {"ok": 0, "failed": 0})
+            counts["failed" if call.problem is not None else "ok"] += 1
+        return out
+
+
+async def drive(
+    log: CallLog,
+    kind: str,
+    work: Callable[[], Awaitable[str | None]],
+    stop: asyncio.Event,
+    pause_s: float = 0.0,
+) -> None:
+    """Call ``work`` back to back (with ``pause_s`` between calls) until ``stop`` is set."""
+    while not stop.is_set():
+        await log.run(kind, work)
+        if pause_s:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), pause_s)
+
+
+def replicas_of(stack: Stack, kind: str) -> list[str]:
+    """Every component of ``kind`` (a stage run as several replicas has one per replica): a test
+    that takes a stage down must take all of them, the gateway routes around one."""
+    return [name for name in stack.names() if stack.component(name).kind == kind]
+

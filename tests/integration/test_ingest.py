@@ -16,7 +16,7 @@ from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from ragmesh_cli.stack import Stack
 
-from .meshclients import MD, PDF, Mesh
+from .meshclients import MD, PDF, Mesh, replicas_of
 
 pytestmark = pytest.mark.integration
 
@@ -182,13 +182,16 @@ async def test_unparseable_pdf_is_dead_lettered_with_its_reason(mesh: Mesh) -> N
 
 async def test_embedder_down_dead_letters_then_replay_succeeds(mesh: Mesh, stack: Stack) -> None:
     collection = new_collection()
-    await asyncio.to_thread(stack.stop, "embedder")
+    embedders = replicas_of(stack, "embedder")
+    for name in embedders:
+        await asyncio.to_thread(stack.stop, name)
     try:
         await mesh.ingest(collection, [("late.md", section_doc("waiting"))])
         status = (await mesh.wait_settled(collection, ["late.md"], timeout=90))["late.md"]
         assert status.state == FAILED and "embedder" in status.reason
     finally:
-        await asyncio.to_thread(stack.start, "embedder")
+        for name in embedders:
+            await asyncio.to_thread(stack.start, name)
     letters = await dead_letters(mesh, collection)
     assert len(letters) == 1 and letters[0].attempts >= 2 and "embedder" in letters[0].reason
 

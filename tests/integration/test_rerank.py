@@ -23,7 +23,7 @@ from ragmesh_cli.stack import Stack
 from services.reranker.fetch import fetch_model_dir
 from services.reranker.model import CrossEncoderModel, ModelLoadError
 
-from .meshclients import Mesh
+from .meshclients import Mesh, replicas_of
 from .test_gateway import request, search
 from .test_ingest import INDEXED, new_collection
 
@@ -92,7 +92,10 @@ async def test_reranker_killed_gives_fused_order_then_recovers(
 ) -> None:
     fused = await search(gateway, question(corpus, rerank=False), timeout=30)
     fused_order = [r.doc_id for r in fused.results]
-    await asyncio.to_thread(stack.kill, "reranker")
+    # Every replica: the gateway balances over them and would route around just one.
+    replicas = replicas_of(stack, "reranker")
+    for name in replicas:
+        await asyncio.to_thread(stack.kill, name)
     try:
         started = time.monotonic()
         degraded = await search(gateway, question(corpus, rerank=True), timeout=5)
@@ -105,7 +108,8 @@ async def test_reranker_killed_gives_fused_order_then_recovers(
         assert found[0].reason in (pb.DEGRADATION_REASON_UNAVAILABLE, pb.DEGRADATION_REASON_BREAKER_OPEN)
         assert len(degraded.degradations) == 1  # the retrieval legs are untouched
     finally:
-        await asyncio.to_thread(stack.start, "reranker")
+        for name in replicas:
+            await asyncio.to_thread(stack.start, name)
 
     await asyncio.sleep(BREAKER_RESET_S)
     deadline = time.monotonic() + 30

@@ -23,6 +23,7 @@ from ragmesh_cli.stack import (
     StackError,
     available_services,
     read_state,
+    replica_name,
     s3_wrong_key_outcome,
 )
 
@@ -37,7 +38,7 @@ def _expected_names(stack: Stack) -> set[str]:
         elif kind == "worker":
             names |= {f"worker-{i}" for i in range(stack.workers)}
         else:
-            names.add(kind)
+            names |= {replica_name(kind, r) for r in range(stack.replicas.get(kind, 1))}
     return names
 
 
@@ -160,3 +161,45 @@ def test_down_stops_every_process(tmp_path: Path) -> None:
     assert all(not s.alive for s in own.status())
     assert "already running" not in own.up()
     own.down()
+
+
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat_file.parent.name))
+    return found
+
+
+async def test_replicas_and_workers_serve_through_one_target(tmp_path: Path) -> None:
+    from meshkit.client import Downstream
+    from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
+
+    if "planner" not in available_services():
+        pytest.skip("needs the planner")
+    scaled = Stack(tmp_path / "st", services=["planner"], replicas={"planner": 2}, processes={"planner": 2})
+    try:
+        await scaled.up_async()
+        statuses = {s.name: s for s in await scaled.status_async()}
+        assert statuses["planner"].health == statuses["planner-2"].health == SERVING
+        supervisors = [scaled.component(n).pid for n in ("planner", "planner-2")]
+        workers = [_children(pid) for pid in supervisors if pid]
+        assert [len(w) for w in workers] == [2, 2]
+        address = scaled.client_env()["RAGMESH_PLANNER_ADDRESS"]
+        assert address == f"{scaled.address('planner')},{scaled.address('planner-2')}"
+        planner = Downstream("planner", address, planner_pb2_grpc.PlannerServiceStub)
+        try:
+            for _ in range(6):
+                request = planner_pb2.PlanRequest(query="what is x")
+                reply = await planner.call(planner.stub.Plan, request, idempotent=True)
+                assert reply.plan.planner
+        finally:
+            await planner.close()
+    finally:
+        scaled.down()
+    assert not any(procutil.pid_alive(pid, None) for pids in workers for pid in pids)

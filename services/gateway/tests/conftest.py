@@ -269,6 +269,8 @@ class Gateway:
     stub: gateway_pb2_grpc.GatewayServiceStub
     fakes: Fakes
     settings: GatewaySettings
+    # The stub's channel, for other services of the gateway's port (health).
+    channel: aio.Channel
 
 
 @asynccontextmanager
@@ -309,7 +311,7 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
     running = await start_service(build_spec(settings), settings)
     try:
         async with aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            yield Gateway(gateway_pb2_grpc.GatewayServiceStub(channel), fakes, settings)
+            yield Gateway(gateway_pb2_grpc.GatewayServiceStub(channel), fakes, settings, channel)
     finally:
         await running.stop(0)
         for server in [mesh, *(s for s, _ in shards)]:

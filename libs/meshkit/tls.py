@@ -1,0 +1,135 @@
+"""TLS for the mesh: servers listen with TLS when given a certificate (and require client
+certificates when given a client CA: mTLS); clients verify servers against a CA bundle and
+present a certificate of their own when given one.
+
+Only file paths travel through settings and logs; the PEM bytes are read when a port is bound or
+a channel opened and go nowhere but to gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from meshkit.settings import MeshSettings
+
+
+class TLSConfigError(ValueError):
+    """TLS settings that cannot work (half a key pair, an unreadable file)."""
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TLSConfigError(f"cannot read the {what} {str(path)!r}: {exc.strerror or exc}") from exc
+    if not data.strip():
+        raise TLSConfigError(f"the {what} {str(path)!r} is empty")
+    return data
+
+
+def _pair(cert: Path | None, key: Path | None, names: str) -> tuple[Path, Path] | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise TLSConfigError(f"{names} must be set together")
+    return cert, key
+
+
+# ------------------------------------------------------------------------------- server side
+
+
+def server_credentials(settings: MeshSettings) -> grpc.ServerCredentials | None:
+    """TLS credentials for the server's port, or None for plaintext (no certificate set)."""
+    pair = _pair(
+        settings.tls_cert_file, settings.tls_key_file, "RAGMESH_TLS_CERT_FILE and RAGMESH_TLS_KEY_FILE"
+    )
+    if pair is None:
+        if settings.tls_client_ca_file is not None:
+            raise TLSConfigError(
+                "RAGMESH_TLS_CLIENT_CA_FILE needs RAGMESH_TLS_CERT_FILE/KEY_FILE (mTLS is TLS)"
+            )
+        return None
+    cert, key = pair
+    client_ca = settings.tls_client_ca_file
+    return grpc.ssl_server_credentials(
+        [(_read(key, "TLS key"), _read(cert, "TLS certificate"))],
+        root_certificates=_read(client_ca, "client CA bundle") if client_ca is not None else None,
+        require_client_auth=client_ca is not None,
+    )
+
+
+def server_mode(settings: MeshSettings) -> str:
+    """How the server's port is protected, for the start-up log: plaintext, tls or mtls."""
+    if settings.tls_cert_file is None:
+        return "plaintext"
+    return "mtls" if settings.tls_client_ca_file is not None else "tls"
+
+
+def bind(server: aio.Server, address: str, settings: MeshSettings) -> int:
+    """Add the listening port, with TLS when configured; returns the bound port (0: failed)."""
+    credentials = server_credentials(settings)
+    if credentials is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, credentials)
+
+
+# ------------------------------------------------------------------------------- client side
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """How a client reaches TLS servers: the CA that signs them, and its own certificate for
+    servers that require one."""
+
+    ca_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    server_name: str = ""
+
+    @classmethod
+    def from_settings(cls, settings: MeshSettings) -> ClientTLS | None:
+        """None when the client speaks plaintext (no CA bundle set)."""
+        pair = _pair(
+            settings.tls_client_cert_file,
+            settings.tls_client_key_file,
+            "RAGMESH_TLS_CLIENT_CERT_FILE and RAGMESH_TLS_CLIENT_KEY_FILE",
+        )
+        if settings.tls_ca_file is None:
+            if pair is not None:
+                raise TLSConfigError("a client certificate needs RAGMESH_TLS_CA_FILE (mTLS is TLS)")
+            return None
+        cert, key = pair if pair is not None else (None, None)
+        return cls(settings.tls_ca_file, cert, key, settings.tls_server_name)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        own = (
+            (_read(self.key_file, "client TLS key"), _read(self.cert_file, "client TLS certificate"))
+            if self.cert_file is not None and self.key_file is not None
+            else (None, None)
+        )
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.ca_file, "CA bundle"), private_key=own[0], certificate_chain=own[1]
+        )
+
+    def options(self) -> list[tuple[str, Any]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+def open_channel(
+    target: str,
+    options: Sequence[tuple[str, Any]] = (),
+    tls: ClientTLS | None = None,
+    interceptors: Sequence[aio.ClientInterceptor] | None = None,
+) -> aio.Channel:
+    """A channel to ``target``: TLS when ``tls`` is given, plaintext otherwise."""
+    if tls is None:
+        return aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+    return aio.secure_channel(
+        target, tls.credentials(), options=[*options, *tls.options()], interceptors=interceptors
+    )
