@@ -83,5 +83,11 @@ def estimate_tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
-# What an answer says when the evidence does not answer the question (answered=false).
-NOT_IN_DOCUMENTS = "The documents do not say: none of the passages found answers this question."
+# Every "the evidence does not answer" text (answered=false) starts with this phrase, so callers
+# and evaluations recognise it without parsing; the reason follows after a colon.
+NOT_FOUND_PHRASE = "The documents do not say"
+NO_EVIDENCE_REASON = "none of the retrieved passages addresses this question"
+
+
+def not_found_text(reason: str) -> str:
+    return f"{NOT_FOUND_PHRASE}: {reason}."

@@ -53,6 +53,11 @@ class ServiceSpec:
     multiprocess_safe: bool = False
 
 
+MAX_CONNECTION_AGE_MS = 5 * 60 * 1000
+# Longer than the slowest call (an Ask on a CPU LLM takes up to its 120 s deadline).
+MAX_CONNECTION_AGE_GRACE_MS = 3 * 60 * 1000
+
+
 def server_options(settings: MeshSettings, max_request_bytes: int = 0) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", max_request_bytes or settings.max_message_bytes),
@@ -61,6 +66,10 @@ def server_options(settings: MeshSettings, max_request_bytes: int = 0) -> list[t
         # which share the port (meshkit.prefork).
         ("grpc.so_reuseport", 1 if settings.workers > 1 else 0),
         ("grpc.keepalive_permit_without_calls", 1),
+        # Clients reconnect (and re-resolve a headless Service's DNS) every few minutes, so
+        # replicas added by scaling get their share; calls in flight get the grace to finish.
+        ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS),
+        ("grpc.max_connection_age_grace_ms", MAX_CONNECTION_AGE_GRACE_MS),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
     ]
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
-from meshkit.answering import NOT_IN_DOCUMENTS, content_words, split_sentences
+from meshkit.answering import NO_EVIDENCE_REASON, content_words, not_found_text, split_sentences
 from meshkit.client import ClientPolicy, Downstream, DownstreamError
 from meshkit.errors import deadline_exceeded
 from meshkit.interceptors import deadline_var
@@ -354,7 +354,7 @@ def local_answer(request: narrator_pb2.NarrateRequest) -> narrator_pb2.Answer:
             break
     answer = narrator_pb2.Answer(mode=narrator_pb2.NARRATION_MODE_EXTRACTIVE)
     if not chosen:
-        answer.text = NOT_IN_DOCUMENTS
+        answer.text = not_found_text(NO_EVIDENCE_REASON)
         return answer
     answer.answered = True
     for fact in chosen:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meshkit.answering import strip_citations
+from meshkit.answering import NO_EVIDENCE_REASON, strip_citations
 from services.narrator.model import (
-    NO_EVIDENCE_REASON,
     Answer,
     Fact,
     Mode,

@@ -7,15 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-# The phrase every "the evidence does not answer" text starts with, so callers (the gateway,
-# evaluations) can recognise it without parsing; the reason follows after a colon.
-NOT_FOUND_PHRASE = "The documents do not say"
-NO_EVIDENCE_REASON = "none of the retrieved passages addresses this question"
+from meshkit.answering import not_found_text
+
 MODEL_NOT_FOUND_REASON = "the retrieved passages do not answer this question"
-
-
-def not_found_text(reason: str) -> str:
-    return f"{NOT_FOUND_PHRASE}: {reason}."
 
 
 class Mode(StrEnum):

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from meshkit.answering import NO_EVIDENCE_REASON
 from meshkit.client import remaining_budget
 from meshkit.llm import LLM, LLMError, Messages
 from meshkit.settings import NarratorSettings
@@ -21,7 +22,6 @@ from services.narrator.envelope import VisibleText
 from services.narrator.extractive import extractive_answer
 from services.narrator.model import (
     MODEL_NOT_FOUND_REASON,
-    NO_EVIDENCE_REASON,
     Answer,
     Contradiction,
     Mode,

@@ -286,4 +286,3 @@ def replicas_of(stack: Stack, kind: str) -> list[str]:
     """Every component of ``kind`` (a stage run as several replicas has one per replica): a test
     that takes a stage down must take all of them, the gateway routes around one."""
     return [name for name in stack.names() if stack.component(name).kind == kind]
-

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from prometheus_client import REGISTRY
 
+from meshkit.answering import NOT_FOUND_PHRASE
 from meshkit.llm import LLMError
 from meshkit.settings import NarratorSettings
 from services.narrator.model import (
-    NOT_FOUND_PHRASE,
     Answer,
     Fact,
     Mode,
