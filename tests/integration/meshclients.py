@@ -166,6 +166,10 @@ class Mesh:
             total += float(match.group(1))
         return total
 
+    def stage_metric(self, kind: str, name: str) -> float:
+        """A counter summed over every replica of a stage (callers balance over them)."""
+        return sum(self.metric(replica, name) for replica in replicas_of(self.stack, kind))
+
 
 # --- load and resource accounting (fault and soak tests) --------------------------------------
 

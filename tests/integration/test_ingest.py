@@ -78,17 +78,17 @@ async def test_unchanged_reingest_embeds_nothing_and_edit_embeds_only_changed_ch
     before_chunks = {h.chunk_id for h in await mesh.sparse_chunks_of(collection, "doc.md")}
     assert len(before_chunks) == 3
 
-    embedded = mesh.metric("embedder", "ragmesh_embedder_texts_total")
+    embedded = mesh.stage_metric("embedder", "ragmesh_embedder_texts_total")
     reply = await mesh.ingest(collection, [("doc.md", original)])
     assert reply.results[0].outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
-    assert mesh.metric("embedder", "ragmesh_embedder_texts_total") == embedded
+    assert mesh.stage_metric("embedder", "ragmesh_embedder_texts_total") == embedded
 
     edited = section_doc("alpha", "bravo-changed", "charlie")
     await mesh.ingest(collection, [("doc.md", edited)])
     await asyncio.sleep(0.2)
     second = (await mesh.wait_settled(collection, ["doc.md"]))["doc.md"]
     assert second.state == INDEXED and second.content_sha256 != first.content_sha256
-    assert mesh.metric("embedder", "ragmesh_embedder_texts_total") == embedded + 1
+    assert mesh.stage_metric("embedder", "ragmesh_embedder_texts_total") == embedded + 1
 
     after_chunks = {h.chunk_id for h in await mesh.sparse_chunks_of(collection, "doc.md")}
     assert len(after_chunks) == 3 and len(after_chunks & before_chunks) == 2
