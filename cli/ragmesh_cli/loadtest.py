@@ -684,9 +684,9 @@ def address_env(component: str) -> str:
 
 
 def resolve_component_address(component: str, state_dir: Path) -> str:
-    """As ``ragmesh_cli.main.resolve_address``, for every service: the env override, else the
-    running stack's record, else the settings' default, as a gRPC target over every replica.
-    The index is its first shard (with its replicas)."""
+    """How every command finds a service: the env override, else the running stack's record,
+    else the settings' default, as a gRPC target over every replica. The index is its first
+    shard (with its replicas)."""
     override = os.environ.get(address_env(component), "")
     override = _first_shard(override) if component == "index" else override
     if override.strip():

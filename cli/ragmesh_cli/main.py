@@ -18,7 +18,6 @@ from typing import Any
 
 import grpc
 
-from meshkit.addresses import grpc_target
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli import answer_eval, ask, evaluation, keys, loadtest, search
 from ragmesh_cli.channels import open_channel, use_api_key
@@ -36,8 +35,6 @@ from ragmesh_cli.stack import (
 
 DEFAULT_STATE_DIR = ".ragmesh"
 RPC_TIMEOUT_S = 60.0
-# Env override and stack.json component name for each downstream a command may call.
-ADDRESS_ENV = {"ingestion": "RAGMESH_INGESTION_ADDRESS", "gateway": "RAGMESH_GATEWAY_ADDRESS"}
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -51,23 +48,7 @@ def state_dir_of(args: argparse.Namespace) -> Path:
 def resolve_address(component: str, state_dir: Path) -> str:
     """Env override, else the running stack's record (every replica), else the documented default;
     as a gRPC target (a list of replicas is balanced round-robin)."""
-    override = os.environ.get(ADDRESS_ENV[component])
-    if override:
-        return grpc_target(override)
-    data = read_state(state_dir)
-    replicas = [
-        f"127.0.0.1:{comp['ports']['main']}"
-        for comp in (data or {}).get("components", [])
-        if comp.get("kind", comp["name"]) == component
-    ]
-    if replicas:
-        return grpc_target(",".join(replicas))
-    from meshkit.settings import MeshSettings
-
-    default = MeshSettings.model_fields.get(f"{component}_address")
-    if default is None:
-        raise RuntimeError(f"no {component} address: start the stack or set {ADDRESS_ENV[component]}")
-    return str(default.default)
+    return loadtest.resolve_component_address(component, state_dir)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
