@@ -90,13 +90,14 @@ down: setup
 status: setup
 	$(BIN)/ragmesh status
 
-# The main job on the embedded default: the local mesh, SciFact ingested end to end, then one
-# cited answer streamed from it.
+# The main job on the embedded default: the local mesh, SciFact ingested end to end, then a
+# cited answer to one question, extractive and from the local LLM (streamed as it is written).
 demo: setup
 	$(BIN)/ragmesh up
 	$(BIN)/ragmesh ingest $(SCIFACT)/corpus.jsonl.gz --collection scifact --wait
 	$(BIN)/ragmesh status --collection scifact
-	$(BIN)/ragmesh ask "Does vitamin D supplementation reduce the risk of fractures?" --collection scifact
+	$(BIN)/ragmesh ask "Does vitamin D supplementation reduce the risk of fractures?" --collection scifact --mode extractive
+	$(BIN)/ragmesh ask "Does vitamin D supplementation reduce the risk of fractures?" --collection scifact --mode llm
 
 # Each benchmark measures its comparisons side by side in one run; see docs/BENCHMARKS.md.
 bench: setup

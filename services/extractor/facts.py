@@ -25,6 +25,8 @@ UNKNOWN_PASSAGE = "unknown_passage"
 # A fact its passage does not hold, moved to the batch passage that does, or dropped.
 REATTRIBUTED = "reattributed"
 UNGROUNDED = "ungrounded"
+# A "fact" that only restates a passage's title (small models copy the first line they see).
+TITLE_ONLY = "title_only"
 BATCH_FAILED = "batch_failed"
 GATE_FAILED = "gate_failed"
 SUMMARY_FAILED = "summary_failed"

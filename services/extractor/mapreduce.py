@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from meshkit.answering import coverage, estimate_tokens
+from meshkit.answering import content_words, coverage, estimate_tokens
 from meshkit.llm import LLMError, validate_items
 from meshkit.settings import ExtractorSettings
 from services.extractor.extractive import MAX_FACT_CHARS, clip, snippet
@@ -25,6 +25,7 @@ from services.extractor.facts import (
     SNIPPET,
     SUMMARY,
     SUMMARY_FAILED,
+    TITLE_ONLY,
     UNGROUNDED,
     UNKNOWN_PASSAGE,
     Fact,
@@ -183,10 +184,16 @@ async def map_batch(
 
 def ground(facts: dict[int, str], batch: Sequence[Source], index: int) -> tuple[dict[int, str], list[Issue]]:
     """Each fact tied to a passage that holds it: kept where the model put it, moved to the
-    batch passage holding most of its words (when that passage has no fact yet), or dropped."""
+    batch passage holding most of its words (when that passage has no fact yet), or dropped;
+    a fact that only restates a title is dropped (the citation shows the title anyway)."""
     kept: dict[int, str] = {}
     issues: list[Issue] = []
+    titles = [content_words(source.title) for source in batch]
     for number, text in facts.items():
+        words = content_words(text)
+        if words and any(words <= title for title in titles):
+            issues.append(_issue(index, TITLE_ONLY, f"fact for passage {number} only restates a title"))
+            continue
         if coverage(text, batch[number - 1].text) >= MIN_GROUNDING:
             kept.setdefault(number, text)
             continue

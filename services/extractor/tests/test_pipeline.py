@@ -123,6 +123,22 @@ async def test_a_fact_is_moved_to_the_passage_that_holds_it_or_dropped() -> None
     assert [i.kind for i in outcome.issues] == [F.REATTRIBUTED, F.UNGROUNDED]
 
 
+async def test_a_fact_that_only_restates_a_title_is_dropped() -> None:
+    def script(call: Call) -> str:
+        facts = [
+            {"passage": 1, "fact": "Title 0."},
+            {"passage": 2, "fact": "The tower had 2 visitors in 1902."},
+        ]
+        return json.dumps({"facts": facts})
+
+    outcome = await run(
+        FakeLLM(script), sources(["Title 0. Nothing else.", "The tower had 2 visitors in 1902."])
+    )
+    llm_facts = [(f.text, f.source.index) for f in outcome.facts if f.origin == F.LLM]
+    assert llm_facts == [("The tower had 2 visitors in 1902.", 1)]
+    assert [i.kind for i in outcome.issues] == [F.TITLE_ONLY]
+
+
 async def test_unknown_passage_and_second_fact_for_a_passage_are_dropped() -> None:
     def script(call: Call) -> str:
         return json.dumps(
