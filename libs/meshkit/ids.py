@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
-from meshkit.errors import invalid_argument
+from meshkit.errors import invalid_argument, resource_exhausted
 
 MAX_DOC_ID_CHARS = 256
 MAX_COLLECTION_CHARS = 63
@@ -89,3 +90,22 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# Longest caller-chosen id (a passage or source id, usually a chunk id) a request may carry.
+MAX_ITEM_ID_CHARS = 512
+
+
+def check_item_list(ids: Sequence[str], field: str, limit: int) -> None:
+    """A request's list of caller-identified items (passages, sources): at most ``limit`` of
+    them (RESOURCE_EXHAUSTED), each id 1..MAX_ITEM_ID_CHARS characters and unique
+    (INVALID_ARGUMENT), named by ``field`` in the messages."""
+    if len(ids) > limit:
+        raise resource_exhausted(f"{len(ids)} {field} in one call; the limit is {limit}")
+    seen: set[str] = set()
+    for i, item_id in enumerate(ids):
+        if not item_id or len(item_id) > MAX_ITEM_ID_CHARS:
+            raise invalid_argument(f"{field}[{i}].id must be 1..{MAX_ITEM_ID_CHARS} characters")
+        if item_id in seen:
+            raise invalid_argument(f"{field}[{i}].id {item_id!r} is repeated")
+        seen.add(item_id)

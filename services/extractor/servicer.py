@@ -21,6 +21,7 @@ import time
 from grpc import aio
 
 from meshkit.errors import invalid_argument, resource_exhausted
+from meshkit.ids import MAX_ITEM_ID_CHARS, check_item_list
 from meshkit.llm import LLM, make_llm
 from meshkit.server import Hook, ServiceSpec
 from meshkit.settings import ExtractorSettings
@@ -32,7 +33,6 @@ from services.extractor.metrics import FACTS, GATED_OUT, ISSUES, REQUEST_SECONDS
 from services.extractor.pipeline import Extractor
 
 SERVICE_NAME = "extractor"
-MAX_ID_CHARS = 512
 MAX_TITLE_CHARS = 2000
 
 _MODES: dict[extractor_pb2.ExtractionMode, Mode] = {
@@ -62,19 +62,10 @@ def validate_passages(request: extractor_pb2.ExtractRequest, settings: Extractor
     passages = request.passages
     if not passages:
         raise invalid_argument("passages must hold at least one passage")
-    if len(passages) > settings.extractor_max_passages:
-        raise resource_exhausted(
-            f"{len(passages)} passages in one call; the limit is {settings.extractor_max_passages}"
-        )
-    seen: set[str] = set()
+    check_item_list([p.id for p in passages], "passages", settings.extractor_max_passages)
     for i, passage in enumerate(passages):
-        if not passage.id or len(passage.id) > MAX_ID_CHARS:
-            raise invalid_argument(f"passages[{i}].id must be 1..{MAX_ID_CHARS} characters")
-        if passage.id in seen:
-            raise invalid_argument(f"passages[{i}].id {passage.id!r} is repeated")
-        seen.add(passage.id)
-        if len(passage.doc_id) > MAX_ID_CHARS:
-            raise invalid_argument(f"passages[{i}].doc_id is longer than {MAX_ID_CHARS} characters")
+        if len(passage.doc_id) > MAX_ITEM_ID_CHARS:
+            raise invalid_argument(f"passages[{i}].doc_id is longer than {MAX_ITEM_ID_CHARS} characters")
         if not passage.text.strip():
             raise invalid_argument(f"passages[{i}].text is empty")
         if len(passage.text) > settings.extractor_max_passage_chars:

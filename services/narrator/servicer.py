@@ -3,8 +3,8 @@ pipeline (narrate.py), which knows nothing of protobuf.
 
 Validation rules (what callers can rely on):
 - ``query``: a non-whitespace character and at most narrator_max_query_chars (INVALID_ARGUMENT).
-- ``sources``: at most narrator_max_sources (RESOURCE_EXHAUSTED); ids 1..MAX_ID_CHARS characters
-  and unique, doc ids at most MAX_ID_CHARS (INVALID_ARGUMENT); titles at most MAX_TITLE_CHARS and
+- ``sources``: at most narrator_max_sources (RESOURCE_EXHAUSTED); ids 1..MAX_ITEM_ID_CHARS characters
+  and unique, doc ids at most MAX_ITEM_ID_CHARS (INVALID_ARGUMENT); titles at most MAX_TITLE_CHARS and
   snippets at most narrator_max_snippet_chars (RESOURCE_EXHAUSTED).
 - ``facts``: at most narrator_max_facts (RESOURCE_EXHAUSTED); text non-empty (INVALID_ARGUMENT)
   and at most narrator_max_fact_chars (RESOURCE_EXHAUSTED); ``source`` in 1..len(sources) and a
@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 from grpc import aio
 
 from meshkit.errors import invalid_argument, resource_exhausted
+from meshkit.ids import MAX_ITEM_ID_CHARS, check_item_list
 from meshkit.llm import LLM, make_llm
 from meshkit.server import ServiceSpec
 from meshkit.settings import NarratorSettings
@@ -32,7 +33,6 @@ from services.narrator.model import Answer, Fact, Mode, NarrationInput, Role, So
 from services.narrator.narrate import Narrator
 
 SERVICE_NAME = "narrator"
-MAX_ID_CHARS = 512
 MAX_TITLE_CHARS = 1000
 
 _MODE_FROM_PB = {
@@ -76,19 +76,10 @@ def validate(request: narrator_pb2.NarrateRequest, settings: NarratorSettings) -
 
 
 def validate_sources(sources: Sequence[narrator_pb2.Source], settings: NarratorSettings) -> list[Source]:
-    if len(sources) > settings.narrator_max_sources:
-        raise resource_exhausted(
-            f"{len(sources)} sources in one call; the limit is {settings.narrator_max_sources}"
-        )
-    seen: set[str] = set()
+    check_item_list([s.id for s in sources], "sources", settings.narrator_max_sources)
     for i, source in enumerate(sources):
-        if not source.id or len(source.id) > MAX_ID_CHARS:
-            raise invalid_argument(f"sources[{i}].id must be 1..{MAX_ID_CHARS} characters")
-        if source.id in seen:
-            raise invalid_argument(f"sources[{i}].id {source.id!r} is repeated")
-        seen.add(source.id)
-        if len(source.doc_id) > MAX_ID_CHARS:
-            raise invalid_argument(f"sources[{i}].doc_id is longer than {MAX_ID_CHARS} characters")
+        if len(source.doc_id) > MAX_ITEM_ID_CHARS:
+            raise invalid_argument(f"sources[{i}].doc_id is longer than {MAX_ITEM_ID_CHARS} characters")
         if len(source.title) > MAX_TITLE_CHARS:
             raise resource_exhausted(
                 f"sources[{i}].title has {len(source.title)} characters; the limit is {MAX_TITLE_CHARS}"

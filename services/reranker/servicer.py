@@ -24,6 +24,7 @@ from prometheus_client import Counter
 
 from meshkit.batching import MicroBatcher
 from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
+from meshkit.ids import check_item_list
 from meshkit.objectstore import ObjectStore
 from meshkit.server import ServiceSpec
 from meshkit.settings import RerankerSettings
@@ -35,7 +36,6 @@ from services.reranker.selection import select
 log = logging.getLogger("ragmesh.reranker")
 
 SERVICE_NAME = "reranker"
-MAX_ID_CHARS = 512
 # Every pair shares one queue: there is no per-kind input prefix as in the embedder.
 _KEY = "pairs"
 
@@ -62,17 +62,8 @@ def validate(request: reranker_pb2.RerankRequest, settings: RerankerSettings) ->
 def validate_passages(passages: Sequence[reranker_pb2.Passage], settings: RerankerSettings) -> None:
     if not passages:
         raise invalid_argument("passages must hold at least one passage")
-    if len(passages) > settings.reranker_max_passages:
-        raise resource_exhausted(
-            f"{len(passages)} passages in one call; the limit is {settings.reranker_max_passages}"
-        )
-    seen: set[str] = set()
+    check_item_list([p.id for p in passages], "passages", settings.reranker_max_passages)
     for i, passage in enumerate(passages):
-        if not passage.id or len(passage.id) > MAX_ID_CHARS:
-            raise invalid_argument(f"passages[{i}].id must be 1..{MAX_ID_CHARS} characters")
-        if passage.id in seen:
-            raise invalid_argument(f"passages[{i}].id {passage.id!r} is repeated")
-        seen.add(passage.id)
         if not passage.text.strip():
             raise invalid_argument(f"passages[{i}].text is empty")
         if len(passage.text) > settings.reranker_max_passage_chars:

@@ -8,19 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 from meshkit.answering import cited_numbers
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.gateway.v1 import gateway_pb2_grpc
-from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli.stack import Stack
 
-from .meshclients import Mesh
-from .test_ingest import INDEXED, new_collection
-from .test_rerank import DOCS
+from .test_rerank import ingest_case
 
 pytestmark = pytest.mark.integration
 
@@ -32,19 +28,10 @@ ASK_TIMEOUT_S = 90.0
 
 
 @pytest.fixture(scope="module")
-async def corpus(stack: Stack) -> AsyncIterator[str]:
+async def corpus(stack: Stack) -> str:
     if not set(stack.services) >= ASK_SERVICES:
         pytest.skip(f"the answering services {sorted(ASK_SERVICES - set(stack.services))} are not here")
-    mesh = Mesh(stack)
-    try:
-        collection = new_collection()
-        request = ingestion_pb2.IngestDocumentsRequest(collection=collection, documents=DOCS)
-        await mesh.ingestion.IngestDocuments(request, timeout=30)
-        statuses = await mesh.wait_settled(collection, [d.doc_id for d in DOCS])
-        assert all(s.state == INDEXED for s in statuses.values()), statuses
-        yield collection
-    finally:
-        await mesh.close()
+    return await ingest_case(stack)
 
 
 def ask(collection: str, question: str, **fields: object) -> pb.AskStreamRequest:

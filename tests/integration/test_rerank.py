@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -40,10 +39,9 @@ ANSWER = "22038539"
 BREAKER_RESET_S = 1.0
 
 
-@pytest.fixture(scope="module")
-async def corpus(stack: Stack) -> AsyncIterator[str]:
-    if not {"gateway", "reranker"} <= set(stack.services):
-        pytest.skip("the gateway or reranker service is not in this checkout")
+async def ingest_case(stack: Stack) -> str:
+    """The known case's abstracts in a new collection, every one indexed (also read by the
+    answer tests)."""
     mesh = Mesh(stack)
     try:
         collection = new_collection()
@@ -51,9 +49,16 @@ async def corpus(stack: Stack) -> AsyncIterator[str]:
         await mesh.ingestion.IngestDocuments(request, timeout=30)
         statuses = await mesh.wait_settled(collection, [d.doc_id for d in DOCS])
         assert all(s.state == INDEXED for s in statuses.values()), statuses
-        yield collection
+        return collection
     finally:
         await mesh.close()
+
+
+@pytest.fixture(scope="module")
+async def corpus(stack: Stack) -> str:
+    if not {"gateway", "reranker"} <= set(stack.services):
+        pytest.skip("the gateway or reranker service is not in this checkout")
+    return await ingest_case(stack)
 
 
 def question(collection: str, rerank: bool) -> pb.SearchRequest:
