@@ -92,6 +92,13 @@ class MeshSettings(BaseSettings):
 
     # --- NATS JetStream ---
     nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma separated.")
+    nats_stream_replicas: int = Field(
+        1,
+        ge=1,
+        le=5,
+        description="Replicas of every JetStream stream and KV bucket ragmesh creates (3 on a 3-node "
+        "NATS cluster, as the Kubernetes manifests run; 1 for a single server).",
+    )
 
     # --- object store (S3 API) ---
     s3_endpoint: str = Field("127.0.0.1:8333", description="S3 endpoint host:port.")

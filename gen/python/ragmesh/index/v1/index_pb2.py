@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ragmesh.common.v1 import common_pb2 as ragmesh_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cragmesh/index/v1/index.proto\x12\x10ragmesh.index.v1\x1a\x1eragmesh/common/v1/common.proto\"T\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12)\n\x06vector\x18\x03 \x01(\x0b\x32\x19.ragmesh.common.v1.Vector\"L\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\'\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x17.ragmesh.index.v1.Chunk\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\"g\n\x13\x44ocumentReplacement\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12(\n\x07upserts\x18\x02 \x03(\x0b\x32\x17.ragmesh.index.v1.Chunk\x12\x16\n\x0ekeep_chunk_ids\x18\x03 \x03(\t\"g\n\x17ReplaceDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x38\n\tdocuments\x18\x02 \x03(\x0b\x32%.ragmesh.index.v1.DocumentReplacement\"X\n\x18ReplaceDocumentsResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\x12\x0f\n\x07removed\x18\x02 \x01(\r\x12\x19\n\x11missing_chunk_ids\x18\x03 \x03(\t\"G\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\x12\x0f\n\x07\x64oc_ids\x18\x03 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"n\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12)\n\x06vector\x18\x02 \x01(\x0b\x32\x19.ragmesh.common.v1.Vector\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\"<\n\tSearchHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\"J\n\x0eSearchResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.ragmesh.index.v1.SearchHit\x12\r\n\x05shard\x18\x02 \x01(\r\"%\n\x0fGetStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"\xb1\x01\n\x10GetStatsResponse\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x04\x12\x11\n\tdocuments\x18\x03 \x01(\x04\x12\x12\n\nindex_type\x18\x04 \x01(\t\x12\x11\n\tdimension\x18\x05 \x01(\r\x12\r\n\x05shard\x18\x06 \x01(\r\x12\x13\n\x0bshard_count\x18\x07 \x01(\r\x12\x1b\n\x13pending_wal_records\x18\x08 \x01(\x04\"%\n\x0fSnapshotRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"6\n\x10SnapshotResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x10\n\x08uploaded\x18\x02 \x01(\x08\x32\x86\x04\n\x0cIndexService\x12K\n\x06Upsert\x12\x1f.ragmesh.index.v1.UpsertRequest\x1a .ragmesh.index.v1.UpsertResponse\x12i\n\x10ReplaceDocuments\x12).ragmesh.index.v1.ReplaceDocumentsRequest\x1a*.ragmesh.index.v1.ReplaceDocumentsResponse\x12K\n\x06\x44\x65lete\x12\x1f.ragmesh.index.v1.DeleteRequest\x1a .ragmesh.index.v1.DeleteResponse\x12K\n\x06Search\x12\x1f.ragmesh.index.v1.SearchRequest\x1a .ragmesh.index.v1.SearchResponse\x12Q\n\x08GetStats\x12!.ragmesh.index.v1.GetStatsRequest\x1a\".ragmesh.index.v1.GetStatsResponse\x12Q\n\x08Snapshot\x12!.ragmesh.index.v1.SnapshotRequest\x1a\".ragmesh.index.v1.SnapshotResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cragmesh/index/v1/index.proto\x12\x10ragmesh.index.v1\x1a\x1eragmesh/common/v1/common.proto\"T\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12)\n\x06vector\x18\x03 \x01(\x0b\x32\x19.ragmesh.common.v1.Vector\"L\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\'\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x17.ragmesh.index.v1.Chunk\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\"v\n\x13\x44ocumentReplacement\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12(\n\x07upserts\x18\x02 \x03(\x0b\x32\x17.ragmesh.index.v1.Chunk\x12\x16\n\x0ekeep_chunk_ids\x18\x03 \x03(\t\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x04\"g\n\x17ReplaceDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x38\n\tdocuments\x18\x02 \x03(\x0b\x32%.ragmesh.index.v1.DocumentReplacement\"o\n\x18ReplaceDocumentsResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\x12\x0f\n\x07removed\x18\x02 \x01(\r\x12\x19\n\x11missing_chunk_ids\x18\x03 \x03(\t\x12\x15\n\rstale_doc_ids\x18\x04 \x03(\t\"G\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\x12\x0f\n\x07\x64oc_ids\x18\x03 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"n\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12)\n\x06vector\x18\x02 \x01(\x0b\x32\x19.ragmesh.common.v1.Vector\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\"<\n\tSearchHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\"J\n\x0eSearchResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.ragmesh.index.v1.SearchHit\x12\r\n\x05shard\x18\x02 \x01(\r\"%\n\x0fGetStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"\xb1\x01\n\x10GetStatsResponse\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x04\x12\x11\n\tdocuments\x18\x03 \x01(\x04\x12\x12\n\nindex_type\x18\x04 \x01(\t\x12\x11\n\tdimension\x18\x05 \x01(\r\x12\r\n\x05shard\x18\x06 \x01(\r\x12\x13\n\x0bshard_count\x18\x07 \x01(\r\x12\x1b\n\x13pending_wal_records\x18\x08 \x01(\x04\"%\n\x0fSnapshotRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"6\n\x10SnapshotResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x10\n\x08uploaded\x18\x02 \x01(\x08\"Q\n\x14ListDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"A\n\rDocumentEntry\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x11\n\tchunk_ids\x18\x03 \x03(\t\"d\n\x15ListDocumentsResponse\x12\x32\n\tdocuments\x18\x01 \x03(\x0b\x32\x1f.ragmesh.index.v1.DocumentEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xe8\x04\n\x0cIndexService\x12K\n\x06Upsert\x12\x1f.ragmesh.index.v1.UpsertRequest\x1a .ragmesh.index.v1.UpsertResponse\x12i\n\x10ReplaceDocuments\x12).ragmesh.index.v1.ReplaceDocumentsRequest\x1a*.ragmesh.index.v1.ReplaceDocumentsResponse\x12K\n\x06\x44\x65lete\x12\x1f.ragmesh.index.v1.DeleteRequest\x1a .ragmesh.index.v1.DeleteResponse\x12K\n\x06Search\x12\x1f.ragmesh.index.v1.SearchRequest\x1a .ragmesh.index.v1.SearchResponse\x12Q\n\x08GetStats\x12!.ragmesh.index.v1.GetStatsRequest\x1a\".ragmesh.index.v1.GetStatsResponse\x12Q\n\x08Snapshot\x12!.ragmesh.index.v1.SnapshotRequest\x1a\".ragmesh.index.v1.SnapshotResponse\x12`\n\rListDocuments\x12&.ragmesh.index.v1.ListDocumentsRequest\x1a\'.ragmesh.index.v1.ListDocumentsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,29 +39,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPSERTRESPONSE']._serialized_start=246
   _globals['_UPSERTRESPONSE']._serialized_end=280
   _globals['_DOCUMENTREPLACEMENT']._serialized_start=282
-  _globals['_DOCUMENTREPLACEMENT']._serialized_end=385
-  _globals['_REPLACEDOCUMENTSREQUEST']._serialized_start=387
-  _globals['_REPLACEDOCUMENTSREQUEST']._serialized_end=490
-  _globals['_REPLACEDOCUMENTSRESPONSE']._serialized_start=492
-  _globals['_REPLACEDOCUMENTSRESPONSE']._serialized_end=580
-  _globals['_DELETEREQUEST']._serialized_start=582
-  _globals['_DELETEREQUEST']._serialized_end=653
-  _globals['_DELETERESPONSE']._serialized_start=655
-  _globals['_DELETERESPONSE']._serialized_end=688
-  _globals['_SEARCHREQUEST']._serialized_start=690
-  _globals['_SEARCHREQUEST']._serialized_end=800
-  _globals['_SEARCHHIT']._serialized_start=802
-  _globals['_SEARCHHIT']._serialized_end=862
-  _globals['_SEARCHRESPONSE']._serialized_start=864
-  _globals['_SEARCHRESPONSE']._serialized_end=938
-  _globals['_GETSTATSREQUEST']._serialized_start=940
-  _globals['_GETSTATSREQUEST']._serialized_end=977
-  _globals['_GETSTATSRESPONSE']._serialized_start=980
-  _globals['_GETSTATSRESPONSE']._serialized_end=1157
-  _globals['_SNAPSHOTREQUEST']._serialized_start=1159
-  _globals['_SNAPSHOTREQUEST']._serialized_end=1196
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=1198
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=1252
-  _globals['_INDEXSERVICE']._serialized_start=1255
-  _globals['_INDEXSERVICE']._serialized_end=1773
+  _globals['_DOCUMENTREPLACEMENT']._serialized_end=400
+  _globals['_REPLACEDOCUMENTSREQUEST']._serialized_start=402
+  _globals['_REPLACEDOCUMENTSREQUEST']._serialized_end=505
+  _globals['_REPLACEDOCUMENTSRESPONSE']._serialized_start=507
+  _globals['_REPLACEDOCUMENTSRESPONSE']._serialized_end=618
+  _globals['_DELETEREQUEST']._serialized_start=620
+  _globals['_DELETEREQUEST']._serialized_end=691
+  _globals['_DELETERESPONSE']._serialized_start=693
+  _globals['_DELETERESPONSE']._serialized_end=726
+  _globals['_SEARCHREQUEST']._serialized_start=728
+  _globals['_SEARCHREQUEST']._serialized_end=838
+  _globals['_SEARCHHIT']._serialized_start=840
+  _globals['_SEARCHHIT']._serialized_end=900
+  _globals['_SEARCHRESPONSE']._serialized_start=902
+  _globals['_SEARCHRESPONSE']._serialized_end=976
+  _globals['_GETSTATSREQUEST']._serialized_start=978
+  _globals['_GETSTATSREQUEST']._serialized_end=1015
+  _globals['_GETSTATSRESPONSE']._serialized_start=1018
+  _globals['_GETSTATSRESPONSE']._serialized_end=1195
+  _globals['_SNAPSHOTREQUEST']._serialized_start=1197
+  _globals['_SNAPSHOTREQUEST']._serialized_end=1234
+  _globals['_SNAPSHOTRESPONSE']._serialized_start=1236
+  _globals['_SNAPSHOTRESPONSE']._serialized_end=1290
+  _globals['_LISTDOCUMENTSREQUEST']._serialized_start=1292
+  _globals['_LISTDOCUMENTSREQUEST']._serialized_end=1373
+  _globals['_DOCUMENTENTRY']._serialized_start=1375
+  _globals['_DOCUMENTENTRY']._serialized_end=1440
+  _globals['_LISTDOCUMENTSRESPONSE']._serialized_start=1442
+  _globals['_LISTDOCUMENTSRESPONSE']._serialized_end=1542
+  _globals['_INDEXSERVICE']._serialized_start=1545
+  _globals['_INDEXSERVICE']._serialized_end=2161
 # @@protoc_insertion_point(module_scope)

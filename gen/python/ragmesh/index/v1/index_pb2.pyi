@@ -32,14 +32,16 @@ class UpsertResponse(_message.Message):
     def __init__(self, upserted: _Optional[int] = ...) -> None: ...
 
 class DocumentReplacement(_message.Message):
-    __slots__ = ("doc_id", "upserts", "keep_chunk_ids")
+    __slots__ = ("doc_id", "upserts", "keep_chunk_ids", "fence")
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     UPSERTS_FIELD_NUMBER: _ClassVar[int]
     KEEP_CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     upserts: _containers.RepeatedCompositeFieldContainer[Chunk]
     keep_chunk_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, doc_id: _Optional[str] = ..., upserts: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., keep_chunk_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    fence: int
+    def __init__(self, doc_id: _Optional[str] = ..., upserts: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., keep_chunk_ids: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ...) -> None: ...
 
 class ReplaceDocumentsRequest(_message.Message):
     __slots__ = ("collection", "documents")
@@ -50,14 +52,16 @@ class ReplaceDocumentsRequest(_message.Message):
     def __init__(self, collection: _Optional[str] = ..., documents: _Optional[_Iterable[_Union[DocumentReplacement, _Mapping]]] = ...) -> None: ...
 
 class ReplaceDocumentsResponse(_message.Message):
-    __slots__ = ("upserted", "removed", "missing_chunk_ids")
+    __slots__ = ("upserted", "removed", "missing_chunk_ids", "stale_doc_ids")
     UPSERTED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     MISSING_CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
+    STALE_DOC_IDS_FIELD_NUMBER: _ClassVar[int]
     upserted: int
     removed: int
     missing_chunk_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, upserted: _Optional[int] = ..., removed: _Optional[int] = ..., missing_chunk_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    stale_doc_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, upserted: _Optional[int] = ..., removed: _Optional[int] = ..., missing_chunk_ids: _Optional[_Iterable[str]] = ..., stale_doc_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("collection", "chunk_ids", "doc_ids")
@@ -144,3 +148,31 @@ class SnapshotResponse(_message.Message):
     sequence: int
     uploaded: bool
     def __init__(self, sequence: _Optional[int] = ..., uploaded: _Optional[bool] = ...) -> None: ...
+
+class ListDocumentsRequest(_message.Message):
+    __slots__ = ("collection", "page_size", "page_token")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    page_size: int
+    page_token: str
+    def __init__(self, collection: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class DocumentEntry(_message.Message):
+    __slots__ = ("doc_id", "fence", "chunk_ids")
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
+    doc_id: str
+    fence: int
+    chunk_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, doc_id: _Optional[str] = ..., fence: _Optional[int] = ..., chunk_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListDocumentsResponse(_message.Message):
+    __slots__ = ("documents", "next_page_token")
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    documents: _containers.RepeatedCompositeFieldContainer[DocumentEntry]
+    next_page_token: str
+    def __init__(self, documents: _Optional[_Iterable[_Union[DocumentEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

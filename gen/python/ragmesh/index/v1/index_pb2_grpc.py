@@ -67,6 +67,11 @@ class IndexServiceStub:
                 request_serializer=ragmesh_dot_index_dot_v1_dot_index__pb2.SnapshotRequest.SerializeToString,
                 response_deserializer=ragmesh_dot_index_dot_v1_dot_index__pb2.SnapshotResponse.FromString,
                 _registered_method=True)
+        self.ListDocuments = channel.unary_unary(
+                '/ragmesh.index.v1.IndexService/ListDocuments',
+                request_serializer=ragmesh_dot_index_dot_v1_dot_index__pb2.ListDocumentsRequest.SerializeToString,
+                response_deserializer=ragmesh_dot_index_dot_v1_dot_index__pb2.ListDocumentsResponse.FromString,
+                _registered_method=True)
 
 
 class IndexServiceServicer:
@@ -119,6 +124,14 @@ class IndexServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDocuments(self, request, context):
+        """Every document of one collection on this shard with its fence and chunk ids, in doc_id
+        order, a page at a time: what a consistency check compares across replicas and stores.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IndexServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,6 +164,11 @@ def add_IndexServiceServicer_to_server(servicer, server):
                     servicer.Snapshot,
                     request_deserializer=ragmesh_dot_index_dot_v1_dot_index__pb2.SnapshotRequest.FromString,
                     response_serializer=ragmesh_dot_index_dot_v1_dot_index__pb2.SnapshotResponse.SerializeToString,
+            ),
+            'ListDocuments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDocuments,
+                    request_deserializer=ragmesh_dot_index_dot_v1_dot_index__pb2.ListDocumentsRequest.FromString,
+                    response_serializer=ragmesh_dot_index_dot_v1_dot_index__pb2.ListDocumentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -318,6 +336,33 @@ class IndexService:
             '/ragmesh.index.v1.IndexService/Snapshot',
             ragmesh_dot_index_dot_v1_dot_index__pb2.SnapshotRequest.SerializeToString,
             ragmesh_dot_index_dot_v1_dot_index__pb2.SnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDocuments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragmesh.index.v1.IndexService/ListDocuments',
+            ragmesh_dot_index_dot_v1_dot_index__pb2.ListDocumentsRequest.SerializeToString,
+            ragmesh_dot_index_dot_v1_dot_index__pb2.ListDocumentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ragmesh.common.v1 import common_pb2 as ragmesh_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eragmesh/sparse/v1/sparse.proto\x12\x11ragmesh.sparse.v1\x1a\x1eragmesh/common/v1/common.proto\"~\n\tChunkText\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x32\n\x08location\x18\x05 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\"l\n\x13\x44ocumentReplacement\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12-\n\x07upserts\x18\x02 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.ChunkText\x12\x16\n\x0ekeep_chunk_ids\x18\x03 \x03(\t\"h\n\x17ReplaceDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x39\n\tdocuments\x18\x02 \x03(\x0b\x32&.ragmesh.sparse.v1.DocumentReplacement\"X\n\x18ReplaceDocumentsResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\x12\x0f\n\x07removed\x18\x02 \x01(\r\x12\x19\n\x11missing_chunk_ids\x18\x03 \x03(\t\"G\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\x12\x0f\n\x07\x64oc_ids\x18\x03 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"V\n\x11SearchBm25Request\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\"Z\n\x12SearchExactRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x10\n\x08keywords\x18\x02 \x03(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\"V\n\tSearchHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x18\n\x10matched_keywords\x18\x04 \x03(\t\"@\n\x12SearchBm25Response\x12*\n\x04hits\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.SearchHit\"A\n\x13SearchExactResponse\x12*\n\x04hits\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.SearchHit\"9\n\x10GetChunksRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\"A\n\x11GetChunksResponse\x12,\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.ChunkText\"%\n\x0fGetStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"I\n\x10GetStatsResponse\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x04\x12\x11\n\tdocuments\x18\x03 \x01(\x04\x32\xb1\x04\n\rSparseService\x12k\n\x10ReplaceDocuments\x12*.ragmesh.sparse.v1.ReplaceDocumentsRequest\x1a+.ragmesh.sparse.v1.ReplaceDocumentsResponse\x12M\n\x06\x44\x65lete\x12 .ragmesh.sparse.v1.DeleteRequest\x1a!.ragmesh.sparse.v1.DeleteResponse\x12Y\n\nSearchBm25\x12$.ragmesh.sparse.v1.SearchBm25Request\x1a%.ragmesh.sparse.v1.SearchBm25Response\x12\\\n\x0bSearchExact\x12%.ragmesh.sparse.v1.SearchExactRequest\x1a&.ragmesh.sparse.v1.SearchExactResponse\x12V\n\tGetChunks\x12#.ragmesh.sparse.v1.GetChunksRequest\x1a$.ragmesh.sparse.v1.GetChunksResponse\x12S\n\x08GetStats\x12\".ragmesh.sparse.v1.GetStatsRequest\x1a#.ragmesh.sparse.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eragmesh/sparse/v1/sparse.proto\x12\x11ragmesh.sparse.v1\x1a\x1eragmesh/common/v1/common.proto\"~\n\tChunkText\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x32\n\x08location\x18\x05 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\"{\n\x13\x44ocumentReplacement\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12-\n\x07upserts\x18\x02 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.ChunkText\x12\x16\n\x0ekeep_chunk_ids\x18\x03 \x03(\t\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x04\"h\n\x17ReplaceDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x39\n\tdocuments\x18\x02 \x03(\x0b\x32&.ragmesh.sparse.v1.DocumentReplacement\"o\n\x18ReplaceDocumentsResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\x12\x0f\n\x07removed\x18\x02 \x01(\r\x12\x19\n\x11missing_chunk_ids\x18\x03 \x03(\t\x12\x15\n\rstale_doc_ids\x18\x04 \x03(\t\"G\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\x12\x0f\n\x07\x64oc_ids\x18\x03 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"V\n\x11SearchBm25Request\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\"Z\n\x12SearchExactRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x10\n\x08keywords\x18\x02 \x03(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\"V\n\tSearchHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x18\n\x10matched_keywords\x18\x04 \x03(\t\"@\n\x12SearchBm25Response\x12*\n\x04hits\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.SearchHit\"A\n\x13SearchExactResponse\x12*\n\x04hits\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.SearchHit\"9\n\x10GetChunksRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\"A\n\x11GetChunksResponse\x12,\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.ChunkText\"%\n\x0fGetStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"I\n\x10GetStatsResponse\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x04\x12\x11\n\tdocuments\x18\x03 \x01(\x04\"Q\n\x14ListDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"A\n\rDocumentEntry\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x11\n\tchunk_ids\x18\x03 \x03(\t\"e\n\x15ListDocumentsResponse\x12\x33\n\tdocuments\x18\x01 \x03(\x0b\x32 .ragmesh.sparse.v1.DocumentEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x95\x05\n\rSparseService\x12k\n\x10ReplaceDocuments\x12*.ragmesh.sparse.v1.ReplaceDocumentsRequest\x1a+.ragmesh.sparse.v1.ReplaceDocumentsResponse\x12M\n\x06\x44\x65lete\x12 .ragmesh.sparse.v1.DeleteRequest\x1a!.ragmesh.sparse.v1.DeleteResponse\x12Y\n\nSearchBm25\x12$.ragmesh.sparse.v1.SearchBm25Request\x1a%.ragmesh.sparse.v1.SearchBm25Response\x12\\\n\x0bSearchExact\x12%.ragmesh.sparse.v1.SearchExactRequest\x1a&.ragmesh.sparse.v1.SearchExactResponse\x12V\n\tGetChunks\x12#.ragmesh.sparse.v1.GetChunksRequest\x1a$.ragmesh.sparse.v1.GetChunksResponse\x12S\n\x08GetStats\x12\".ragmesh.sparse.v1.GetStatsRequest\x1a#.ragmesh.sparse.v1.GetStatsResponse\x12\x62\n\rListDocuments\x12\'.ragmesh.sparse.v1.ListDocumentsRequest\x1a(.ragmesh.sparse.v1.ListDocumentsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,33 +35,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHUNKTEXT']._serialized_start=85
   _globals['_CHUNKTEXT']._serialized_end=211
   _globals['_DOCUMENTREPLACEMENT']._serialized_start=213
-  _globals['_DOCUMENTREPLACEMENT']._serialized_end=321
-  _globals['_REPLACEDOCUMENTSREQUEST']._serialized_start=323
-  _globals['_REPLACEDOCUMENTSREQUEST']._serialized_end=427
-  _globals['_REPLACEDOCUMENTSRESPONSE']._serialized_start=429
-  _globals['_REPLACEDOCUMENTSRESPONSE']._serialized_end=517
-  _globals['_DELETEREQUEST']._serialized_start=519
-  _globals['_DELETEREQUEST']._serialized_end=590
-  _globals['_DELETERESPONSE']._serialized_start=592
-  _globals['_DELETERESPONSE']._serialized_end=625
-  _globals['_SEARCHBM25REQUEST']._serialized_start=627
-  _globals['_SEARCHBM25REQUEST']._serialized_end=713
-  _globals['_SEARCHEXACTREQUEST']._serialized_start=715
-  _globals['_SEARCHEXACTREQUEST']._serialized_end=805
-  _globals['_SEARCHHIT']._serialized_start=807
-  _globals['_SEARCHHIT']._serialized_end=893
-  _globals['_SEARCHBM25RESPONSE']._serialized_start=895
-  _globals['_SEARCHBM25RESPONSE']._serialized_end=959
-  _globals['_SEARCHEXACTRESPONSE']._serialized_start=961
-  _globals['_SEARCHEXACTRESPONSE']._serialized_end=1026
-  _globals['_GETCHUNKSREQUEST']._serialized_start=1028
-  _globals['_GETCHUNKSREQUEST']._serialized_end=1085
-  _globals['_GETCHUNKSRESPONSE']._serialized_start=1087
-  _globals['_GETCHUNKSRESPONSE']._serialized_end=1152
-  _globals['_GETSTATSREQUEST']._serialized_start=1154
-  _globals['_GETSTATSREQUEST']._serialized_end=1191
-  _globals['_GETSTATSRESPONSE']._serialized_start=1193
-  _globals['_GETSTATSRESPONSE']._serialized_end=1266
-  _globals['_SPARSESERVICE']._serialized_start=1269
-  _globals['_SPARSESERVICE']._serialized_end=1830
+  _globals['_DOCUMENTREPLACEMENT']._serialized_end=336
+  _globals['_REPLACEDOCUMENTSREQUEST']._serialized_start=338
+  _globals['_REPLACEDOCUMENTSREQUEST']._serialized_end=442
+  _globals['_REPLACEDOCUMENTSRESPONSE']._serialized_start=444
+  _globals['_REPLACEDOCUMENTSRESPONSE']._serialized_end=555
+  _globals['_DELETEREQUEST']._serialized_start=557
+  _globals['_DELETEREQUEST']._serialized_end=628
+  _globals['_DELETERESPONSE']._serialized_start=630
+  _globals['_DELETERESPONSE']._serialized_end=663
+  _globals['_SEARCHBM25REQUEST']._serialized_start=665
+  _globals['_SEARCHBM25REQUEST']._serialized_end=751
+  _globals['_SEARCHEXACTREQUEST']._serialized_start=753
+  _globals['_SEARCHEXACTREQUEST']._serialized_end=843
+  _globals['_SEARCHHIT']._serialized_start=845
+  _globals['_SEARCHHIT']._serialized_end=931
+  _globals['_SEARCHBM25RESPONSE']._serialized_start=933
+  _globals['_SEARCHBM25RESPONSE']._serialized_end=997
+  _globals['_SEARCHEXACTRESPONSE']._serialized_start=999
+  _globals['_SEARCHEXACTRESPONSE']._serialized_end=1064
+  _globals['_GETCHUNKSREQUEST']._serialized_start=1066
+  _globals['_GETCHUNKSREQUEST']._serialized_end=1123
+  _globals['_GETCHUNKSRESPONSE']._serialized_start=1125
+  _globals['_GETCHUNKSRESPONSE']._serialized_end=1190
+  _globals['_GETSTATSREQUEST']._serialized_start=1192
+  _globals['_GETSTATSREQUEST']._serialized_end=1229
+  _globals['_GETSTATSRESPONSE']._serialized_start=1231
+  _globals['_GETSTATSRESPONSE']._serialized_end=1304
+  _globals['_LISTDOCUMENTSREQUEST']._serialized_start=1306
+  _globals['_LISTDOCUMENTSREQUEST']._serialized_end=1387
+  _globals['_DOCUMENTENTRY']._serialized_start=1389
+  _globals['_DOCUMENTENTRY']._serialized_end=1454
+  _globals['_LISTDOCUMENTSRESPONSE']._serialized_start=1456
+  _globals['_LISTDOCUMENTSRESPONSE']._serialized_end=1557
+  _globals['_SPARSESERVICE']._serialized_start=1560
+  _globals['_SPARSESERVICE']._serialized_end=2221
 # @@protoc_insertion_point(module_scope)

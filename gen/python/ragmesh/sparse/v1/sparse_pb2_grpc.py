@@ -66,6 +66,11 @@ class SparseServiceStub:
                 request_serializer=ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.ListDocuments = channel.unary_unary(
+                '/ragmesh.sparse.v1.SparseService/ListDocuments',
+                request_serializer=ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.ListDocumentsRequest.SerializeToString,
+                response_deserializer=ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.ListDocumentsResponse.FromString,
+                _registered_method=True)
 
 
 class SparseServiceServicer:
@@ -114,6 +119,14 @@ class SparseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDocuments(self, request, context):
+        """Every document of one collection with its fence and chunk ids, in doc_id order, a page at
+        a time (see IndexService.ListDocuments).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SparseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +159,11 @@ def add_SparseServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.GetStatsRequest.FromString,
                     response_serializer=ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'ListDocuments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDocuments,
+                    request_deserializer=ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.ListDocumentsRequest.FromString,
+                    response_serializer=ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.ListDocumentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -312,6 +330,33 @@ class SparseService:
             '/ragmesh.sparse.v1.SparseService/GetStats',
             ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.GetStatsRequest.SerializeToString,
             ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDocuments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragmesh.sparse.v1.SparseService/ListDocuments',
+            ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.ListDocumentsRequest.SerializeToString,
+            ragmesh_dot_sparse_dot_v1_dot_sparse__pb2.ListDocumentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
