@@ -191,6 +191,7 @@ class MeshServerInterceptor(aio.ServerInterceptor):
             started = time.perf_counter()
             RPC_IN_FLIGHT.labels(self.service).inc()
             try:
+                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id_var.get()),))
                 self._authorise(method, request, context)
                 async for item in behavior(request, context):
                     yield item
