@@ -70,7 +70,8 @@ TRANSPORT_MESSAGES = {
 def answered_by_handler(exc: aio.AioRpcError) -> bool:
     """Whether a mesh server's handler produced this status (its interceptor tags every answer
     with the request id), rather than gRPC on the way there."""
-    return any(key == REQUEST_ID_HEADER for key, _ in exc.trailing_metadata() or ())
+    trailers: Any = exc.trailing_metadata() or ()
+    return any(item[0] == REQUEST_ID_HEADER for item in trailers)
 
 
 def caller_safe_details(exc: aio.AioRpcError) -> str:
