@@ -132,6 +132,11 @@ class SecureMaterial:
             changed |= _ensure(secrets_["s3"], identity, _new_s3_key)
         for name in [OPS_KEY, *self.tenants]:
             changed |= _ensure(secrets_["api_keys"], name, new_api_key)
+        # A stack restarted without its tenants (ragmesh up on a running one) keeps their grants.
+        for name, (read, write) in self.tenants.items():
+            grant = {"read": list(read), "write": list(write)}
+            changed |= secrets_["grants"].get(name) != grant
+            secrets_["grants"][name] = grant
         if changed:
             procutil.write_json_atomic(self.root / CREDENTIALS_FILE, secrets_, mode=0o600)
         self._write_keys_file()
@@ -140,15 +145,16 @@ class SecureMaterial:
         if self._secrets is None:
             path = self.root / CREDENTIALS_FILE
             loaded: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-            for section in ("nats", "s3", "api_keys"):
+            for section in ("nats", "s3", "api_keys", "grants"):
                 loaded.setdefault(section, {})
             self._secrets = loaded
         return self._secrets
 
     def _write_keys_file(self) -> None:
-        keys = self._load_secrets()["api_keys"]
-        grants = {OPS_KEY: (["*"], ["*"]), **{n: (list(r), list(w)) for n, (r, w) in self.tenants.items()}}
-        # Tenants recorded earlier keep their grants only while the stack is started with them.
+        recorded = self._load_secrets()
+        keys = recorded["api_keys"]
+        grants = {OPS_KEY: (["*"], ["*"])}
+        grants.update({n: (g["read"], g["write"]) for n, g in sorted(recorded["grants"].items())})
         entries = [key_entry(name, keys[name], read, write, None) for name, (read, write) in grants.items()]
         procutil.write_json_atomic(self.keys_file, {"keys": entries}, mode=0o600)
 
