@@ -72,6 +72,7 @@ ALPHA_DOCS = {
     "limits.md": "# Request limits\n\nEvery ragmesh server caps the calls it runs at once and refuses "
     "messages larger than its largest legal request with RESOURCE_EXHAUSTED.",
 }
+BROKEN = "broken.pdf"
 BETA_SECRET = "The beta tenant's launch code word is zanzibarite; ragmesh keeps it in collection beta."
 
 
@@ -102,7 +103,8 @@ def tenant(stack: Stack, name: str) -> Mesh:
 
 @pytest.fixture(scope="module")
 async def indexed(secure_stack: Stack) -> dict[str, list[str]]:
-    """Tenant A's documents in alpha and tenant B's in beta, indexed."""
+    """Tenant A's documents in alpha and tenant B's in beta, indexed; and a broken PDF of B's,
+    dead-lettered (through the workers' and the API's NATS grants)."""
     written: dict[str, list[str]] = {}
     for name, collection, docs in (
         ("tenant-a", ALPHA, list(ALPHA_DOCS.items())),
@@ -118,6 +120,14 @@ async def indexed(secure_stack: Stack) -> dict[str, list[str]]:
             written[collection] = ids
         finally:
             await mesh.close()
+    b = tenant(secure_stack, "tenant-b")
+    try:
+        await b.ingest(BETA, [(BROKEN, b"%PDF-1.4\n not a pdf at all")], fmt=ing.DOCUMENT_FORMAT_PDF)
+        assert (await b.wait_settled(BETA, [BROKEN], timeout=180))[BROKEN].state == ing.DOCUMENT_STATE_FAILED
+        letters = await b.ingestion.ListDeadLetters(ing.ListDeadLettersRequest(collection=BETA), timeout=10)
+        assert [d.doc_id for d in letters.dead_letters] == [BROKEN]
+    finally:
+        await b.close()
     return written
 
 
@@ -306,7 +316,12 @@ async def test_tenant_a_reaches_nothing_of_collection_b(
         }
         outcomes = {name: await refused(call) for name, call in attempts.items()}
         assert set(outcomes.values()) == {grpc.StatusCode.PERMISSION_DENIED}, outcomes
-        # What A may list holds none of B; what A may search holds none of B's text.
+        # What A may list holds none of B; what A may search holds none of B's text; B's dead
+        # letter is still there for B.
+        b = tenant(secure_stack, "tenant-b")
+        letters = await b.ingestion.ListDeadLetters(ing.ListDeadLettersRequest(collection=BETA), timeout=10)
+        await b.close()
+        assert [d.doc_id for d in letters.dead_letters] == [BROKEN]
         collections = await api.ListCollections(ing.ListCollectionsRequest(), timeout=10)
         assert list(collections.collections) == [ALPHA]
         mine = await gateway.Search(
@@ -334,6 +349,9 @@ async def _drain(stream: Any) -> list[Any]:
 # ------------------------------------------------------------------ NATS and S3
 
 
+PROBE = "test-probe"
+
+
 def nats_settings(stack: Stack, user: str | None, password: str | None = None) -> MeshSettings:
     passwords = stack.secrets.nats_passwords() if stack.secrets else {}
     return MeshSettings(
@@ -350,7 +368,7 @@ async def connect(settings: MeshSettings, errors: list[str] | None = None) -> na
             errors.append(str(exc))
 
     return await nats.connect(
-        **connect_options(settings), allow_reconnect=False, connect_timeout=3, error_cb=on_error
+        **connect_options(settings), name=PROBE, allow_reconnect=False, connect_timeout=3, error_cb=on_error
     )
 
 
@@ -402,6 +420,12 @@ async def test_nats_admits_only_its_users_and_each_only_to_its_subjects(
     finally:
         await index.close()
     assert any("permissions violation" in e.lower() for e in errors), errors
+    # The mesh's own traffic (queueing, consuming, state, dead letters, advisories) stayed within
+    # its grants: the only violations the server saw are this test's.
+    violations = [
+        line for line in secure_stack.log_path("nats").read_text().splitlines() if "Violation" in line
+    ]
+    assert len(violations) == 4 and all(PROBE in line for line in violations), violations
 
 
 def s3(stack: Stack, identity: str) -> ObjectStore:
