@@ -433,11 +433,12 @@ class Stack:
     def client_tls(self, identity: str = OPS) -> Any:
         """How this process reaches the stack's gRPC ports as ``identity`` (meshkit.tls.ClientTLS;
         None: plaintext)."""
+        from meshkit.settings import MeshSettings
         from meshkit.tls import ClientTLS
-        from ragmesh_cli.channels import client_tls
 
         if self.secrets is None:
-            return client_tls()
+            # The environment's TLS settings, never a profile the CLI took from another state dir.
+            return ClientTLS.from_settings(MeshSettings())
         pki = self.secrets.pki
         return ClientTLS(pki.ca_cert, pki.cert(identity), pki.key(identity), SERVER_NAME)
 

@@ -44,6 +44,7 @@ from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
+from ragmesh_cli import channels
 from ragmesh_cli.main import main
 from ragmesh_cli.secure import DOCUMENTS, MODELS, SNAPSHOTS
 from ragmesh_cli.stack import Stack
@@ -176,10 +177,16 @@ def test_the_cli_works_unchanged_on_a_secure_stack(
     for name in [n for n in os.environ if n.startswith("RAGMESH_")]:
         monkeypatch.delenv(name)
     state = ["--state-dir", str(secure_stack.state_dir)]
-    assert main([*state, "search", "request limits RESOURCE_EXHAUSTED", "--collection", ALPHA, "--json"]) == 0
-    assert "limits.md" in capsys.readouterr().out
-    assert main([*state, "status", "--collection", BETA, "--json"]) == 0  # ops reads every collection
-    assert '"indexed": 1' in capsys.readouterr().out
+    try:
+        assert (
+            main([*state, "search", "request limits RESOURCE_EXHAUSTED", "--collection", ALPHA, "--json"])
+            == 0
+        )
+        assert "limits.md" in capsys.readouterr().out
+        assert main([*state, "status", "--collection", BETA, "--json"]) == 0  # ops reads every collection
+        assert '"indexed": 1' in capsys.readouterr().out
+    finally:
+        channels.use_state_dir(None)  # the CLI's profile is process-wide: leave none to later tests
 
 
 # ------------------------------------------------------------------ internal stages

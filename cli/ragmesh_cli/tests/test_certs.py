@@ -150,3 +150,34 @@ def test_nats_users_get_only_their_subjects(tmp_path: Path) -> None:
     plain = nats_config(4222, 8222, tmp_path)
     assert "authorization" not in plain and "tls" not in plain
     assert plain["jetstream"]["sync_interval"] == "always"
+
+
+def test_the_cli_takes_the_ops_identity_of_a_secure_state_dir_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragmesh_cli import channels, procutil
+    from ragmesh_cli.stack import STATE_FILE, STATE_VERSION, Stack
+
+    for name in ("RAGMESH_TLS_CA_FILE", "RAGMESH_API_KEY", "RAGMESH_TLS_CLIENT_CERT_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    secure_dir = tmp_path / "secure-stack"
+    material = SecureMaterial(secure_dir)
+    material.prepare()
+    plain_dir = tmp_path / "plain-stack"
+    for directory, secure in ((secure_dir, True), (plain_dir, False)):
+        state = {"version": STATE_VERSION, "secure": secure, "components": []}
+        procutil.write_json_atomic(directory / STATE_FILE, state)
+    try:
+        channels.use_state_dir(secure_dir)
+        tls = channels.client_tls()
+        assert tls is not None and tls.cert_file == material.pki.cert(OPS)
+        assert channels.api_key() == material.api_key()
+        # A plain stack's supervisor probes in plaintext whatever the CLI last loaded.
+        assert Stack(plain_dir).client_tls() is None
+        monkeypatch.setenv("RAGMESH_API_KEY", "rmk_from-env")  # the environment wins
+        channels.use_state_dir(secure_dir)
+        assert channels.api_key() == "rmk_from-env"
+        channels.use_state_dir(plain_dir)
+        assert channels.client_tls() is None
+    finally:
+        channels.use_state_dir(None)
