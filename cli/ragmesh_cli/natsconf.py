@@ -14,7 +14,7 @@ own reply-inbox prefix (meshkit.natsconn). No user, no connection: there is no a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,7 +153,3 @@ def write_nats_config(path: Path, config: Mapping[str, Any]) -> Path:
     secure stack's holds the users' passwords."""
     procutil.write_json_atomic(path, dict(config), mode=0o600)
     return path
-
-
-def users(identities: Sequence[str] = tuple(USER_GRANTS)) -> list[str]:
-    return [i for i in identities if i in USER_GRANTS]
