@@ -1,7 +1,8 @@
 """The secure local stack (``ragmesh up --secure``): API keys on the public services, mTLS with a
 certificate per service identity on every gRPC hop, NATS over TLS with a user per service, S3
-over HTTPS with a key per service; two index shards and two ingestion workers, production
-timings (no test overrides of lease, ack wait or deliveries).
+over HTTPS with a key per service; two index shards, two ingestion workers, two embedder
+replicas and a gateway of two processes, production timings (no test overrides of lease, ack
+wait or deliveries).
 
 - a full ingest -> search -> ask works with all of it on, through the API and the CLI;
 - nobody without a mesh certificate gets anything from an internal stage (plaintext or TLS),
@@ -79,7 +80,17 @@ BETA_SECRET = "The beta tenant's launch code word is zanzibarite; ragmesh keeps 
 
 def start_secure_stack(state_dir: Path) -> Stack:
     """The stack under test: everything on, as ``ragmesh up --secure`` runs it."""
-    stack = Stack(state_dir, workers=2, index_shards=2, services=SERVICES, secure=True, api_keys=TENANTS)
+    stack = Stack(
+        state_dir,
+        workers=2,
+        index_shards=2,
+        services=SERVICES,
+        secure=True,
+        api_keys=TENANTS,
+        # A replica list (one TLS name for several addresses) and pre-fork workers on one port.
+        replicas={"embedder": 2},
+        processes={"gateway": 2},
+    )
     stack.up()
     return stack
 
