@@ -196,11 +196,16 @@ class SecureMaterial:
 
     # ------------------------------------------------------------------ environments
 
+    @staticmethod
+    def strip_env(env: MutableMapping[str, str]) -> None:
+        """Drop every credential and TLS variable (a process that holds no identity)."""
+        for name in _OWNED:
+            env.pop(name, None)
+
     def apply_env(self, env: MutableMapping[str, str], identity: str, nats_address: str | None) -> None:
         """Make ``env`` the environment of ``identity``: its certificate (service_auth=mtls for
         a service; ops calls without serving), its API keys file or key, NATS user, S3 key."""
-        for name in _OWNED:
-            env.pop(name, None)
+        self.strip_env(env)
         env["RAGMESH_TLS_CA_FILE"] = str(self.pki.ca_cert)
         env["RAGMESH_TLS_SERVER_NAME"] = SERVER_NAME
         if identity == OPS:

@@ -412,17 +412,21 @@ class Stack:
         env.update(self.extra_env)
         env.update(comp.env)
         env["PYTHONUNBUFFERED"] = "1"
-        if comp.kind in IDENTITY_OF_KIND:
-            self._apply_identity(env, IDENTITY_OF_KIND[comp.kind])
+        self._apply_identity(env, IDENTITY_OF_KIND.get(comp.kind))
         return env
 
     # ------------------------------------------------------------------ secure mode
 
-    def _apply_identity(self, env: dict[str, str], identity: str) -> None:
-        """In a secure stack, make ``env`` that of ``identity`` (certificate, keys, credentials)."""
-        if self.secrets is not None:
-            nats = self.address(NATS) if NATS in self.components else None
-            self.secrets.apply_env(env, identity, nats)
+    def _apply_identity(self, env: dict[str, str], identity: str | None) -> None:
+        """In a secure stack, make ``env`` that of ``identity`` (certificate, keys, credentials);
+        a process without one (NATS, S3, the LLM server) gets no credentials at all."""
+        if self.secrets is None:
+            return
+        if identity is None:
+            self.secrets.strip_env(env)
+            return
+        nats = self.address(NATS) if NATS in self.components else None
+        self.secrets.apply_env(env, identity, nats)
 
     def api_key(self, name: str = OPS) -> str:
         """The plaintext API key ``name`` of a secure stack (``ops``, or a tenant of ``api_keys``)."""

@@ -47,7 +47,7 @@ from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from ragmesh_cli import channels
 from ragmesh_cli.main import main
-from ragmesh_cli.secure import DOCUMENTS, MODELS, SNAPSHOTS
+from ragmesh_cli.secure import DOCUMENTS, IDENTITY_OF_KIND, MODELS, S3_GRANTS, SNAPSHOTS
 from ragmesh_cli.stack import Stack
 
 from .meshclients import Mesh
@@ -481,3 +481,30 @@ async def test_s3_keys_reach_only_their_buckets(secure_stack: Stack, indexed: di
     plain = ObjectStore(secure_stack.address("s3"), key.access_key, key.secret_key, secure=False, timeout_s=5)
     with pytest.raises(InvalidResponseError):
         await plain.list_keys(DOCUMENTS)
+
+
+def environ(pid: int | None) -> dict[str, str]:
+    assert pid is not None
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_each_process_holds_only_its_own_credentials(secure_stack: Stack) -> None:
+    assert secure_stack.secrets is not None
+    passwords = secure_stack.secrets.nats_passwords()
+    for name in secure_stack.names():
+        component = secure_stack.component(name)
+        env = environ(component.pid)
+        identity = IDENTITY_OF_KIND.get(component.kind)
+        assert "RAGMESH_API_KEY" not in env, name  # the ops key stays with the operator
+        if identity is None:  # NATS, S3: no credentials of anyone
+            held = {"RAGMESH_S3_SECRET_KEY", "RAGMESH_NATS_PASSWORD", "RAGMESH_TLS_KEY_FILE"} & set(env)
+            assert not held and "RAGMESH_TLS_CLIENT_KEY_FILE" not in env, (name, held)
+            continue
+        assert env["RAGMESH_SERVICE_AUTH"] == "mtls"
+        assert env["RAGMESH_TLS_KEY_FILE"].endswith(f"/{identity}.key"), name
+        assert env.get("RAGMESH_NATS_PASSWORD") == passwords.get(identity), name
+        if identity in S3_GRANTS:
+            assert env["RAGMESH_S3_SECRET_KEY"] == secure_stack.secrets.s3_key(identity).secret_key
+        else:
+            assert "RAGMESH_S3_SECRET_KEY" not in env, name

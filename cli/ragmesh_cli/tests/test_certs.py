@@ -120,6 +120,10 @@ def test_each_process_environment_carries_only_its_own_credentials(tmp_path: Pat
     material.apply_env(gateway, GATEWAY, None)
     assert gateway["RAGMESH_API_KEYS_FILE"] == str(material.keys_file)
     assert "RAGMESH_NATS_USER" not in gateway and "RAGMESH_S3_ACCESS_KEY" not in gateway
+    nats_server = dict(worker)
+    material.strip_env(nats_server)
+    secrets_ = ("RAGMESH_NATS_PASSWORD", "RAGMESH_S3_SECRET_KEY", "RAGMESH_TLS_KEY_FILE", "RAGMESH_API_KEY")
+    assert nats_server["OTHER"] == "kept" and not any(name in nats_server for name in secrets_)
     ops: dict[str, str] = {}
     material.apply_env(ops, OPS, None)
     assert ops["RAGMESH_API_KEY"] == material.api_key() and "RAGMESH_SERVICE_AUTH" not in ops
