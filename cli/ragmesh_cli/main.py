@@ -19,8 +19,8 @@ from typing import Any
 import grpc
 
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-from ragmesh_cli import answer_eval, ask, evaluation, keys, loadtest, search
-from ragmesh_cli.channels import open_channel, use_api_key
+from ragmesh_cli import answer_eval, ask, certs, evaluation, keys, loadtest, search
+from ragmesh_cli.channels import open_channel, use_api_key, use_state_dir
 from ragmesh_cli.documents import InputError
 from ragmesh_cli.stack import (
     ALL_SERVICES,
@@ -94,11 +94,26 @@ def cmd_up(args: argparse.Namespace) -> int:
         health_timeout_s=args.health_timeout,
         replicas=replicas if replicas is not None else recorded.get("replicas", {}),
         processes=processes if processes is not None else recorded.get("processes", {}),
+        secure=args.secure or bool(recorded.get("secure")),
     )
     print(f"starting the stack in {state_dir} ...", file=sys.stderr)
     print(stack.up())
     print(process_table(stack.status()))
+    print(_security_note(stack), file=sys.stderr)
     return 0
+
+
+def _security_note(stack: Stack) -> str:
+    if not stack.secure:
+        return (
+            "open stack: plaintext, no API keys, no service identities (loopback only); "
+            "'ragmesh down' then 'ragmesh up --secure' for keys, mTLS and per-service credentials"
+        )
+    secure_dir = stack.state_dir / "secure"
+    return (
+        f"secure stack: API keys, mTLS between services, NATS and S3 credentials per service; the CLI "
+        f"uses the ops identity from {secure_dir} (CA pki/ca.crt, keys file api-keys.json)"
+    )
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -357,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--health-timeout", type=float, default=60.0, help="seconds each process gets to be healthy"
     )
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help="API keys, mTLS with an identity per service, NATS and S3 over TLS with per-service "
+        "credentials (docs/SECURITY.md); a running secure stack stays secure",
+    )
     up.set_defaults(func=cmd_up)
 
     sub.add_parser("down", parents=[common], help="stop the local mesh").set_defaults(func=cmd_down)
@@ -441,6 +462,14 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_arguments(keys_new, keys_check)
     keys_new.set_defaults(func=keys.run_new)
     keys_check.set_defaults(func=keys.run_check)
+
+    certs_parser = sub.add_parser("certs", parents=[common], help="mesh certificates (docs/SECURITY.md)")
+    certs_sub = certs_parser.add_subparsers(dest="certs_command", required=True)
+    certs_new = certs_sub.add_parser(
+        "new", parents=[common], help="a mesh CA and a key + certificate per service identity"
+    )
+    certs.add_arguments(certs_new)
+    certs_new.set_defaults(func=certs.run_new)
     return parser
 
 
@@ -448,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     use_api_key(getattr(args, "api_key", None))
     try:
+        use_state_dir(state_dir_of(args))
         code: int = args.func(args)
     except grpc.RpcError as exc:
         code_name = exc.code().name if hasattr(exc, "code") else "UNKNOWN"

@@ -13,6 +13,15 @@ the kind's name, e.g. "reranker"; the others are "reranker-2"...) and ``client_e
 the comma separated list, which meshkit.client balances round-robin. ``processes`` runs a kind as
 N pre-fork workers behind one port (RAGMESH_WORKERS, meshkit.prefork).
 
+Secure (``secure=True``, ``ragmesh up --secure``; docs/SECURITY.md): API keys on the gateway and
+the ingestion API, mTLS with one identity per service on every gRPC hop, NATS over TLS with a user
+and permissions per service, SeaweedFS over HTTPS with an S3 key per service limited to its
+buckets (ragmesh_cli.secure). ``client_env`` then holds the ``ops`` identity; ``api_key(name)``
+gives a tenant's key (``api_keys`` grants tenants collections).
+
+NATS runs from a generated configuration file (ragmesh_cli.natsconf) that makes its durability
+explicit: JetStream fsyncs before it acknowledges.
+
 Every public method has a sync form and an ``*_async`` form; the sync ones use
 ``asyncio.run`` and so must not be called from a running event loop.
 """
@@ -36,12 +45,15 @@ from pathlib import Path
 from typing import Any
 
 from ragmesh_cli import procutil
+from ragmesh_cli.natsconf import nats_config, write_nats_config
 from ragmesh_cli.procutil import LOOPBACK
+from ragmesh_cli.secure import BUCKETS, IDENTITY_OF_KIND, OPS, SERVER_NAME, SecureMaterial, Tenants
 
 STATE_VERSION = 1
 STATE_FILE = "stack.json"
 CREDENTIALS_FILE = "s3-credentials.json"
 S3_CONFIG_FILE = "s3-config.json"
+NATS_CONFIG_FILE = "nats.conf"
 
 NATS, S3 = "nats", "s3"
 # Service kind -> module run with ``python -m``.
@@ -227,6 +239,8 @@ class Stack:
         grace_s: float = 15.0,
         replicas: Mapping[str, int] | None = None,
         processes: Mapping[str, int] | None = None,
+        secure: bool = False,
+        api_keys: Tenants | None = None,
     ) -> None:
         unknown = set(services) - set(ALL_SERVICES)
         if unknown:
@@ -244,6 +258,8 @@ class Stack:
         self.health_timeout_s = health_timeout_s
         self.grace_s = grace_s
         self.components: dict[str, Component] = {}
+        self.secure = secure
+        self.secrets = SecureMaterial(self.state_dir, api_keys) if secure else None
         # Handles of the processes this Python process spawned: lets us reap them and see exit codes.
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -264,6 +280,7 @@ class Stack:
             services=data["services"],
             replicas=data.get("replicas") or {},
             processes=data.get("processes") or {},
+            secure=bool(data.get("secure")),
         )
         stack.components = {c["name"]: Component(**c) for c in data["components"]}
         return stack
@@ -298,6 +315,7 @@ class Stack:
             "replicas": self.replicas,
             "processes": self.processes,
             "services": self.services,
+            "secure": self.secure,
             "extra_env": self.extra_env,
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "components": [asdict(self.components[n]) for n in self.names()],
@@ -329,6 +347,10 @@ class Stack:
         return creds
 
     def _write_s3_config(self, creds: dict[str, str]) -> Path:
+        if self.secrets is not None:
+            path = self.state_dir / S3_CONFIG_FILE
+            procutil.write_json_atomic(path, self.secrets.s3_config(), mode=0o600)
+            return path
         config = {
             "identities": [
                 {
@@ -374,6 +396,7 @@ class Stack:
         for kind in ("extractor", "narrator"):
             if kind in self.components:
                 env[f"RAGMESH_{kind.upper()}_ADDRESS"] = self.kind_address(kind)
+        self._apply_identity(env, OPS)
         return env
 
     def kind_address(self, kind: str) -> str:
@@ -389,7 +412,54 @@ class Stack:
         env.update(self.extra_env)
         env.update(comp.env)
         env["PYTHONUNBUFFERED"] = "1"
+        self._apply_identity(env, IDENTITY_OF_KIND.get(comp.kind))
         return env
+
+    # ------------------------------------------------------------------ secure mode
+
+    def _apply_identity(self, env: dict[str, str], identity: str | None) -> None:
+        """In a secure stack, make ``env`` that of ``identity`` (certificate, keys, credentials);
+        a process without one (NATS, S3, the LLM server) gets no credentials at all."""
+        if self.secrets is None:
+            return
+        if identity is None:
+            self.secrets.strip_env(env)
+            return
+        nats = self.address(NATS) if NATS in self.components else None
+        self.secrets.apply_env(env, identity, nats)
+
+    def api_key(self, name: str = OPS) -> str:
+        """The plaintext API key ``name`` of a secure stack (``ops``, or a tenant of ``api_keys``)."""
+        if self.secrets is None:
+            raise StackError("this stack is not secure: it has no API keys")
+        return self.secrets.api_key(name)
+
+    def client_tls(self, identity: str = OPS) -> Any:
+        """How this process reaches the stack's gRPC ports as ``identity`` (meshkit.tls.ClientTLS;
+        None: plaintext)."""
+        from meshkit.settings import MeshSettings
+        from meshkit.tls import ClientTLS
+
+        if self.secrets is None:
+            # The environment's TLS settings, never a profile the CLI took from another state dir.
+            return ClientTLS.from_settings(MeshSettings())
+        pki = self.secrets.pki
+        return ClientTLS(pki.ca_cert, pki.cert(identity), pki.key(identity), SERVER_NAME)
+
+    def _s3_endpoint_key(self) -> tuple[str, str, Path | None]:
+        """(access key, secret key, CA) the supervisor uses to reach S3."""
+        if self.secrets is not None:
+            key = self.secrets.s3_key(OPS)
+            return key.access_key, key.secret_key, self.secrets.pki.ca_cert
+        creds = self._credentials()
+        return creds["access_key"], creds["secret_key"], None
+
+    async def _ensure_buckets(self) -> None:
+        """A secure stack's services may not create buckets: the supervisor (ops) does."""
+        if self.secrets is None:
+            return
+        access, secret, ca = self._s3_endpoint_key()
+        await asyncio.to_thread(_make_buckets, self.address(S3), access, secret, ca)
 
     # ------------------------------------------------------------------ topology
 
@@ -441,23 +511,23 @@ class Stack:
 
     def _argv(self, comp: Component) -> list[str]:
         if comp.kind == NATS:
-            data = self.state_dir / "nats"
-            data.mkdir(parents=True, exist_ok=True)
-            return [
-                procutil.find_binary("nats-server"),
-                "-js",
-                "-sd",
-                str(data),
-                "-a",
-                LOOPBACK,
-                "-p",
-                str(comp.port),
-                "-m",
-                str(comp.ports["monitor"]),
-            ]
+            return [procutil.find_binary("nats-server"), "-c", str(self._write_nats_config(comp))]
         if comp.kind == S3:
             return self._weed_argv(comp)
         return [sys.executable, "-m", SERVICE_MODULES[comp.kind]]
+
+    def _write_nats_config(self, comp: Component) -> Path:
+        data = self.state_dir / "nats"
+        data.mkdir(parents=True, exist_ok=True)
+        secrets_ = self.secrets
+        config = nats_config(
+            comp.port,
+            comp.ports["monitor"],
+            data,
+            tls=secrets_.server_tls("nats") if secrets_ is not None else None,
+            passwords=secrets_.nats_passwords() if secrets_ is not None else None,
+        )
+        return write_nats_config(self.state_dir / NATS_CONFIG_FILE, config)
 
     def _weed_argv(self, comp: Component) -> list[str]:
         data = self.state_dir / "s3"
@@ -487,6 +557,10 @@ class Stack:
             f"-admin.port={p['admin']}",
             f"-admin.port.grpc={p['admin_grpc']}",
         ]
+        if self.secrets is not None:
+            # HTTPS on the S3 port itself: a plaintext client gets no answer it could use.
+            tls = self.secrets.server_tls("s3")
+            argv += [f"-s3.cert.file={tls.cert_file}", f"-s3.key.file={tls.key_file}"]
         # Keep weed's unix sockets with the stack rather than in /tmp (sun_path max is 108 bytes).
         if len(str(data)) < 80:
             argv += [f"-s3.localSocket={data}/s3.sock", f"-filer.localSocket={data}/filer.sock"]
@@ -499,14 +573,13 @@ class Stack:
         if comp.kind == NATS:
             return await _probe_nats(comp.ports["monitor"])
         if comp.kind == S3:
-            creds = self._credentials()
-            return await asyncio.to_thread(_probe_s3, comp.address, creds["access_key"], creds["secret_key"])
+            access, secret, ca = self._s3_endpoint_key()
+            return await asyncio.to_thread(_probe_s3, comp.address, access, secret, ca)
         if comp.kind in HTTP_HEALTH_PATHS:
             return await _probe_http(f"http://{comp.address}{HTTP_HEALTH_PATHS[comp.kind]}")
         from meshkit.client import check_health
-        from ragmesh_cli.channels import client_tls
 
-        return await check_health(comp.address, timeout=1.0, tls=client_tls())
+        return await check_health(comp.address, timeout=1.0, tls=self.client_tls())
 
     def _exit_code(self, comp: Component) -> int | None:
         """The exit code if the component's process is known to have ended, else None."""
@@ -538,7 +611,8 @@ class Stack:
 
     async def _check_s3_refuses_wrong_key(self) -> None:
         """Without a working credentials config SeaweedFS accepts any key: refuse to run that way."""
-        outcome = await asyncio.to_thread(s3_wrong_key_outcome, self.address(S3))
+        ca = self.secrets.pki.ca_cert if self.secrets is not None else None
+        outcome = await asyncio.to_thread(s3_wrong_key_outcome, self.address(S3), ca)
         if outcome not in REFUSED_KEY_CODES:
             raise StackError(
                 f"S3 did not refuse a wrong key (got {outcome}): its auth config is not in effect"
@@ -590,6 +664,7 @@ class Stack:
             raise StackError("\n\n".join(errors))
         if any(c.kind == S3 for c in comps):
             await self._check_s3_refuses_wrong_key()
+            await self._ensure_buckets()
 
     # ------------------------------------------------------------------ public API (async)
 
@@ -606,6 +681,8 @@ class Stack:
                     )
             else:
                 self.components = self._plan()
+            if self.secrets is not None:
+                self.secrets.prepare()
             self.logs_dir.mkdir(parents=True, exist_ok=True)
             started: list[Component] = []
             try:
@@ -636,6 +713,9 @@ class Stack:
                 f"a stack with {sorted(recorded)} is running in {self.state_dir}; "
                 f"run 'ragmesh down' before starting {sorted(wanted)}"
             )
+        if bool(data.get("secure")) != self.secure:
+            mode = "secure" if data.get("secure") else "plain"
+            raise StackError(f"a {mode} stack is running in {self.state_dir}; run 'ragmesh down' first")
         running_processes = data.get("processes") or {}
         if running_processes != self.processes:
             raise StackError(
@@ -735,20 +815,37 @@ async def _probe_http(url: str) -> str:
     return SERVING if reply.status_code == 200 else f"NOT_SERVING ({reply.status_code})"
 
 
-def _s3_client(endpoint: str, access_key: str, secret_key: str) -> Any:
+def _s3_client(endpoint: str, access_key: str, secret_key: str, ca: Path | None = None) -> Any:
+    """A minio client for the stack's S3 (HTTPS verified against ``ca`` when given)."""
     import urllib3
     from minio import Minio
 
     # No retries and short timeouts: a probe must answer quickly whatever the server's state.
-    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=1.0, read=2.0), retries=False)
-    return Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=False, http_client=http)
+    verify: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED", "ca_certs": str(ca)} if ca is not None else {}
+    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=1.0, read=2.0), retries=False, **verify)
+    return Minio(
+        endpoint, access_key=access_key, secret_key=secret_key, secure=ca is not None, http_client=http
+    )
 
 
-def _probe_s3(endpoint: str, access_key: str, secret_key: str) -> str:
+def _make_buckets(endpoint: str, access_key: str, secret_key: str, ca: Path | None) -> None:
+    from minio.error import S3Error
+
+    client = _s3_client(endpoint, access_key, secret_key, ca)
+    for bucket in BUCKETS:
+        try:
+            if not client.bucket_exists(bucket):
+                client.make_bucket(bucket)
+        except S3Error as exc:
+            if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise StackError(f"could not create the bucket {bucket}: {exc.code}") from None
+
+
+def _probe_s3(endpoint: str, access_key: str, secret_key: str, ca: Path | None = None) -> str:
     from minio.error import S3Error
 
     try:
-        _s3_client(endpoint, access_key, secret_key).list_buckets()
+        _s3_client(endpoint, access_key, secret_key, ca).list_buckets()
     except S3Error as exc:
         return f"NOT_SERVING ({exc.code})"
     except Exception:
@@ -756,12 +853,12 @@ def _probe_s3(endpoint: str, access_key: str, secret_key: str) -> str:
     return SERVING
 
 
-def s3_wrong_key_outcome(endpoint: str) -> str:
+def s3_wrong_key_outcome(endpoint: str, ca: Path | None = None) -> str:
     """What S3 says to a made-up key: an error code, 'ACCEPTED', or the exception's type."""
     from minio.error import S3Error
 
     try:
-        _s3_client(endpoint, "rm-wrong-" + secrets.token_hex(4), secrets.token_hex(16)).list_buckets()
+        _s3_client(endpoint, "rm-wrong-" + secrets.token_hex(4), secrets.token_hex(16), ca).list_buckets()
     except S3Error as exc:
         return str(exc.code)
     except Exception as exc:

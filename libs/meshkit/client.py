@@ -59,9 +59,33 @@ RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
 DEADLINE_MARGIN_S = 0.02
 
 
+# What a failed call says when no handler of the downstream answered it (no connection, a deadline
+# passed on the way): gRPC's own text would name addresses and transport internals.
+TRANSPORT_MESSAGES = {
+    grpc.StatusCode.UNAVAILABLE: "could not reach the service",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "no answer before the deadline",
+}
+
+
+def answered_by_handler(exc: aio.AioRpcError) -> bool:
+    """Whether a mesh server's handler produced this status (its interceptor tags every answer
+    with the request id), rather than gRPC on the way there."""
+    trailers: Any = exc.trailing_metadata() or ()
+    return any(item[0] == REQUEST_ID_HEADER for item in trailers)
+
+
+def caller_safe_details(exc: aio.AioRpcError) -> str:
+    """A failed call's message as our own callers may see it: the downstream handler's message
+    (written for callers), or only what happened when the transport failed."""
+    if answered_by_handler(exc) or exc.code() not in TRANSPORT_MESSAGES:
+        return exc.details() or ""
+    return TRANSPORT_MESSAGES[exc.code()]
+
+
 class DownstreamError(Exception):
     """A downstream call that did not succeed, with why: unavailable, deadline, breaker_open,
-    or rejected (the downstream answered with a non-failure status such as INVALID_ARGUMENT)."""
+    or rejected (the downstream answered with a non-failure status such as INVALID_ARGUMENT).
+    Its message may reach callers (as a degradation): it never carries transport internals."""
 
     def __init__(self, target: str, reason: str, code: grpc.StatusCode | None, message: str) -> None:
         super().__init__(f"{target}: {reason}: {message}")
@@ -258,7 +282,7 @@ class Downstream(Generic[StubT]):
         if isinstance(exc, pybreaker.CircuitBreakerError):
             CLIENT_CALLS.labels(self.target, name, "BREAKER_OPEN").inc()
             return DownstreamError(
-                self.target, "breaker_open", grpc.StatusCode.UNAVAILABLE, f"circuit breaker open ({exc})"
+                self.target, "breaker_open", grpc.StatusCode.UNAVAILABLE, "circuit breaker open"
             )
         code = exc.code()
         CLIENT_CALLS.labels(self.target, name, code.name).inc()
@@ -266,7 +290,13 @@ class Downstream(Generic[StubT]):
             grpc.StatusCode.UNAVAILABLE: "unavailable",
             grpc.StatusCode.DEADLINE_EXCEEDED: "deadline",
         }.get(code, "error" if code in FAILURE_CODES else "rejected")
-        return DownstreamError(self.target, reason, code, exc.details() or "")
+        message = caller_safe_details(exc)
+        if message != exc.details():
+            log.warning(
+                "downstream call failed",
+                extra={"target": self.target, "method": name, "code": code.name, "detail": exc.details()},
+            )
+        return DownstreamError(self.target, reason, code, message)
 
 
 async def check_health(

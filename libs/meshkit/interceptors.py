@@ -1,8 +1,10 @@
 """Server interceptor: request ids, deadlines, access logs, metrics and error mapping.
 
 It wraps every handler so servicers only hold business logic: they raise ``ServiceError`` for
-caller mistakes and let anything else become INTERNAL with the request id in the message. A
-service with a ``Guard`` (meshkit.auth) has every call but health and reflection checked by it
+caller mistakes and let anything else become INTERNAL, whose message to the caller is generic
+and carries only the request id (the exception goes to the log, under that id). A service with
+an ``IdentityGuard`` (meshkit.identity: mesh identities, internal services) or a ``Guard``
+(meshkit.auth: API keys, public services) has every call but health and reflection checked
 before the handler runs.
 """
 
@@ -20,7 +22,14 @@ from grpc import aio
 
 from meshkit.auth import Guard, principal_var
 from meshkit.errors import ServiceError
-from meshkit.logs import REQUEST_ID_HEADER, api_key_name_var, new_request_id, request_id_var
+from meshkit.identity import IdentityGuard
+from meshkit.logs import (
+    REQUEST_ID_HEADER,
+    api_key_name_var,
+    caller_identity_var,
+    new_request_id,
+    request_id_var,
+)
 from meshkit.metrics import RPC_IN_FLIGHT, RPC_LATENCY, RPC_REQUESTS
 
 log = logging.getLogger("meshkit.rpc")
@@ -45,15 +54,20 @@ class _CallTokens:
     deadline: contextvars.Token[float | None]
     api_key_name: contextvars.Token[str]
     principal: contextvars.Token[Any]
+    identity: contextvars.Token[str]
 
 
 def _begin(context: aio.ServicerContext) -> _CallTokens:
     rid = _request_id_from(context.invocation_metadata())
     remaining = context.time_remaining()
     deadline = time.monotonic() + remaining if remaining is not None else None
-    # The caller is set by the guard; blank until then, and reset with the rest after the call.
+    # The caller is set by the guards; blank until then, and reset with the rest after the call.
     return _CallTokens(
-        request_id_var.set(rid), deadline_var.set(deadline), api_key_name_var.set(""), principal_var.set(None)
+        request_id_var.set(rid),
+        deadline_var.set(deadline),
+        api_key_name_var.set(""),
+        principal_var.set(None),
+        caller_identity_var.set(""),
     )
 
 
@@ -62,12 +76,19 @@ def _end(tokens: _CallTokens) -> None:
     deadline_var.reset(tokens.deadline)
     api_key_name_var.reset(tokens.api_key_name)
     principal_var.reset(tokens.principal)
+    caller_identity_var.reset(tokens.identity)
+
+
+INTERNAL_MESSAGE = "internal error (request id {rid}); the service logged the details under this id"
 
 
 class MeshServerInterceptor(aio.ServerInterceptor):
-    def __init__(self, service: str, guard: Guard | None = None) -> None:
+    def __init__(
+        self, service: str, guard: Guard | None = None, identity: IdentityGuard | None = None
+    ) -> None:
         self.service = service
         self.guard = guard
+        self.identity = identity
 
     async def intercept_service(
         self,
@@ -92,13 +113,15 @@ class MeshServerInterceptor(aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        if self.guard is not None:
-            # The guard reads the request before the handler runs; a streamed request cannot be
-            # read up front, so such methods are refused rather than served unchecked.
+        if self.guard is not None or self.identity is not None:
+            # The checks run in the wrapper around a unary request; no method of the mesh streams
+            # its request, and one that did is refused rather than served unchecked.
             return _refused(handler, short)
         return handler
 
     def _authorise(self, method: str, request: Any, context: aio.ServicerContext) -> None:
+        if self.identity is not None:
+            caller_identity_var.set(self.identity.check(method, context.auth_context()))
         if self.guard is None:
             return
         key = self.guard.check(method, request, context.invocation_metadata())
@@ -131,11 +154,11 @@ class MeshServerInterceptor(aio.ServerInterceptor):
         if isinstance(exc, TimeoutError):
             self._finish(method, grpc.StatusCode.DEADLINE_EXCEEDED, started, str(exc))
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded in {method}")
+        # The exception and its traceback go to the log (tagged with the request id); the caller
+        # learns only that it failed and the id to quote, never the service's internals.
         log.exception("unhandled error in %s", method)
         self._finish(method, grpc.StatusCode.INTERNAL, started, repr(exc))
-        await context.abort(
-            grpc.StatusCode.INTERNAL, f"internal error (request id {request_id_var.get()}): {exc!r}"[:500]
-        )
+        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE.format(rid=request_id_var.get()))
 
     def _wrap_unary(
         self, behavior: Callable[..., Awaitable[Any]], method: str
@@ -168,6 +191,7 @@ class MeshServerInterceptor(aio.ServerInterceptor):
             started = time.perf_counter()
             RPC_IN_FLIGHT.labels(self.service).inc()
             try:
+                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id_var.get()),))
                 self._authorise(method, request, context)
                 async for item in behavior(request, context):
                     yield item

@@ -104,18 +104,24 @@ def _is_health_neutral(exc: BaseException) -> bool:
 
 
 def _as_llm_error(exc: BaseException) -> LLMError:
+    """The LLMError for a failed call. Its message reaches callers (as a degradation or fallback
+    reason), so it says what kind of failure it was and no more; the server's answer and the
+    client's exception go to the log."""
     if isinstance(exc, LLMError):
         return exc
     if isinstance(exc, pybreaker.CircuitBreakerError):
-        return LLMError("breaker_open", f"circuit breaker open ({exc})")
+        return LLMError("breaker_open", "circuit breaker open")
     if isinstance(exc, TimeoutError | httpx.TimeoutException):
         return LLMError("deadline", f"no answer before the deadline ({type(exc).__name__})")
     if isinstance(exc, httpx.TransportError):
-        return LLMError("unavailable", f"{type(exc).__name__}: {exc}")
+        log.warning("llm server unreachable", extra={"error": repr(exc)})
+        return LLMError("unavailable", f"cannot reach the LLM server ({type(exc).__name__})")
     if isinstance(exc, _StatusError):
+        log.warning("llm server refused the call", extra={"status": exc.status, "body": exc.body})
         reason = "unavailable" if exc.status in RETRYABLE_STATUSES else "error"
-        return LLMError(reason, f"HTTP {exc.status}: {exc.body}", status=exc.status)
-    return LLMError("error", repr(exc))
+        return LLMError(reason, f"HTTP {exc.status} from the LLM server", status=exc.status)
+    log.warning("unexpected llm client error", exc_info=exc)
+    return LLMError("error", f"unexpected {type(exc).__name__} in the LLM client")
 
 
 class LLM(Protocol):

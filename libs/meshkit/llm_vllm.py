@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 from meshkit.client import remaining_budget
 from meshkit.llm import LLMError, Messages, ModelT, parse_structured
 from meshkit.settings import LLMSettings
+
+log = logging.getLogger("meshkit.llm_vllm")
 
 _request_ids = itertools.count()
 
@@ -168,4 +171,5 @@ class VLLMEngineLLM:
             await self.engine.abort(request_id)
             raise
         except Exception as exc:  # the engine's own errors (dead engine, bad request)
-            raise LLMError("error", repr(exc)) from exc
+            log.exception("vllm generation failed")
+            raise LLMError("error", f"the vLLM engine failed ({type(exc).__name__})") from exc

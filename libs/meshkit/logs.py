@@ -13,6 +13,8 @@ from typing import Any
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 # The name of the API key the call being served authenticated with (never the key itself).
 api_key_name_var: contextvars.ContextVar[str] = contextvars.ContextVar("api_key_name", default="")
+# The mesh identity of the caller of the call being served (RAGMESH_SERVICE_AUTH=mtls).
+caller_identity_var: contextvars.ContextVar[str] = contextvars.ContextVar("caller_identity", default="")
 REQUEST_ID_HEADER = "x-request-id"
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
@@ -46,6 +48,9 @@ class JsonFormatter(logging.Formatter):
         caller = api_key_name_var.get()
         if caller:
             entry["api_key_name"] = caller
+        identity = caller_identity_var.get()
+        if identity:
+            entry["caller_identity"] = identity
         for key, value in record.__dict__.items():
             if key not in _RESERVED and not key.startswith("_"):
                 entry[key] = value
@@ -58,7 +63,11 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         tags = " ".join(
             f"{name}={value}"
-            for name, value in (("rid", request_id_var.get()), ("key", api_key_name_var.get()))
+            for name, value in (
+                ("rid", request_id_var.get()),
+                ("key", api_key_name_var.get()),
+                ("caller", caller_identity_var.get()),
+            )
             if value
         )
         base = f"{record.levelname[0]} {record.name}: {record.getMessage()}"

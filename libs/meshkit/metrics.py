@@ -34,6 +34,14 @@ AUTH_REQUESTS = Counter(
     ["service", "key", "outcome"],
 )
 
+IDENTITY_REQUESTS = Counter(
+    "ragmesh_identity_requests_total",
+    "Calls to internal services checked against their caller allow-lists (RAGMESH_SERVICE_AUTH=mtls), by "
+    "the caller's mesh identity ('-' when its certificate names none) and outcome (ok, unauthenticated, "
+    "permission_denied).",
+    ["service", "identity", "outcome"],
+)
+
 
 def start_metrics_server(port: int, host: str = "127.0.0.1") -> int:
     """Serve /metrics; returns the bound port (0 disables)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from pathlib import Path
 from typing import Any
 
 import urllib3
@@ -30,11 +31,15 @@ class ObjectStore:
         secure: bool = False,
         region: str = "us-east-1",
         timeout_s: float = 30.0,
+        ca_file: Path | None = None,
     ) -> None:
+        # Over HTTPS the server is verified against ca_file (the mesh CA), else the system's CAs.
+        verify: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED", "ca_certs": str(ca_file)} if ca_file else {}
         http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=min(5.0, timeout_s), read=timeout_s),
             maxsize=16,
             retries=urllib3.Retry(total=2, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504)),
+            **verify,
         )
         self.client = Minio(
             endpoint,
@@ -53,6 +58,7 @@ class ObjectStore:
             settings.s3_secret_key,
             secure=settings.s3_secure,
             region=settings.s3_region,
+            ca_file=settings.tls_ca_file if settings.s3_secure else None,
         )
 
     async def ensure_bucket(self, bucket: str) -> None:

@@ -2,7 +2,10 @@
 graceful shutdown on SIGTERM/SIGINT that stops taking calls and drains the ones in flight.
 
 A service describes itself with a ``ServiceSpec`` and calls ``run_service``; everything else
-(ports, logs, signals) is the same for every service in the mesh.
+(ports, logs, signals, limits, who may call it) is the same for every service in the mesh. Every
+server caps the calls it runs at once (``maximum_concurrent_rpcs``: beyond it gRPC answers
+RESOURCE_EXHAUSTED at once instead of queueing without bound) and the size of what it accepts
+(its largest legal request, ``max_request_bytes``).
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer as AioHealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from meshkit.auth import Rule, guard_for
+from meshkit.auth import Guard, Rule, guard_for
+from meshkit.identity import MESH_IDENTITIES, Callers, IdentityGuard, describe
 from meshkit.interceptors import MeshServerInterceptor
 from meshkit.logs import configure_logging
 from meshkit.metrics import start_metrics_server
 from meshkit.prefork import WorkerGroup, check_workers, exit_when_orphaned, metrics_port_of
 from meshkit.settings import MeshSettings
-from meshkit.tls import bind, server_mode
+from meshkit.tls import TLSConfigError, bind, own_identity, server_mode
 
 log = logging.getLogger("meshkit.server")
 
@@ -46,8 +50,14 @@ class ServiceSpec:
     on_stop: Sequence[Hook] = field(default_factory=list)
     # Per-method access rules of a public service (meshkit.auth); empty: internal, no API keys.
     access: Mapping[str, Rule] = field(default_factory=dict)
-    # Largest inbound message (0: max_message_bytes): public services take less than the mesh.
+    # Per-method caller identities of an internal service (meshkit.identity), checked with
+    # RAGMESH_SERVICE_AUTH=mtls; a method missing here is refused to every caller.
+    callers: Callers = field(default_factory=dict)
+    # Largest inbound message: what the service's largest legal request needs (0: the mesh-wide
+    # max_message_bytes, which also caps it).
     max_request_bytes: int = 0
+    # Calls served at once unless RAGMESH_MAX_CONCURRENT_RPCS overrides it.
+    max_concurrent_rpcs: int = 256
     # True when several processes may serve it side by side (RAGMESH_WORKERS > 1): no data dir,
     # consumer or other state of its own (see meshkit.prefork).
     multiprocess_safe: bool = False
@@ -58,9 +68,36 @@ MAX_CONNECTION_AGE_MS = 5 * 60 * 1000
 MAX_CONNECTION_AGE_GRACE_MS = 3 * 60 * 1000
 
 
+# Room a request needs beyond the text its limits allow (ids, framing, small fields).
+REQUEST_SLACK_BYTES = 64 * 1024
+# Worst case of one character in UTF-8, for message limits derived from character limits.
+UTF8_MAX_BYTES = 4
+# Room per listed item (passage, source, fact) besides its text: an id of up to 512 characters,
+# a doc_id of up to 256 and a title of up to 2000, in UTF-8's worst case, plus framing.
+ITEM_OVERHEAD_BYTES = 16 * 1024
+
+
+def text_request_bytes(items: int = 0, item_chars: int = 0, item_overhead: int = 0, chars: int = 0) -> int:
+    """The largest request made of ``items`` texts of ``item_chars`` characters (plus
+    ``item_overhead`` bytes each: ids, titles, framing) and ``chars`` characters more (a query)."""
+    texts = items * (UTF8_MAX_BYTES * item_chars + item_overhead)
+    return texts + UTF8_MAX_BYTES * chars + REQUEST_SLACK_BYTES
+
+
+def request_limit(settings: MeshSettings, max_request_bytes: int = 0) -> int:
+    """A service's inbound message limit: its own, never above the mesh-wide one."""
+    if max_request_bytes <= 0:
+        return settings.max_message_bytes
+    return min(max_request_bytes, settings.max_message_bytes)
+
+
+def concurrency_limit(spec: ServiceSpec, settings: MeshSettings) -> int:
+    return settings.max_concurrent_rpcs or spec.max_concurrent_rpcs
+
+
 def server_options(settings: MeshSettings, max_request_bytes: int = 0) -> list[tuple[str, Any]]:
     return [
-        ("grpc.max_receive_message_length", max_request_bytes or settings.max_message_bytes),
+        ("grpc.max_receive_message_length", request_limit(settings, max_request_bytes)),
         ("grpc.max_send_message_length", settings.max_message_bytes),
         # Off for one process, so a port already taken is an error; on for pre-fork workers,
         # which share the port (meshkit.prefork).
@@ -77,16 +114,26 @@ def server_options(settings: MeshSettings, max_request_bytes: int = 0) -> list[t
 class RunningService:
     """A started server; ``stop`` drains it."""
 
-    def __init__(self, spec: ServiceSpec, server: aio.Server, health_servicer: AioHealthServicer, port: int):
+    def __init__(
+        self,
+        spec: ServiceSpec,
+        server: aio.Server,
+        health_servicer: AioHealthServicer,
+        port: int,
+        health_server: aio.Server | None = None,
+    ):
         self.spec = spec
         self.server = server
         self.health = health_servicer
         self.port = port
+        self.health_server = health_server
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         log.info("draining", extra={"grace_s": grace})
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         for hook in self.spec.on_stop:
             try:
                 await hook()
@@ -94,31 +141,86 @@ class RunningService:
                 log.exception("shutdown hook failed")
 
 
+def identity_guard_for(spec: ServiceSpec, settings: MeshSettings) -> IdentityGuard | None:
+    """The caller check of an internal service under service_auth=mtls (None otherwise: off, or a
+    public service, whose callers present API keys)."""
+    if settings.service_auth != "mtls" or spec.access:
+        return None
+    return IdentityGuard(spec.name, spec.callers)
+
+
+def check_mesh_auth(spec: ServiceSpec, settings: MeshSettings, guard: Guard | None) -> str | None:
+    """Refuse to start a service that would leave a hole under service_auth=mtls: a public one
+    without API keys, or one holding another identity's certificate. Returns the identity of
+    the process's certificate (None with auth off)."""
+    if settings.service_auth != "mtls":
+        return None
+    if spec.access and guard is None:
+        raise TLSConfigError(
+            f"{spec.name} is public: with RAGMESH_SERVICE_AUTH=mtls it needs API keys "
+            "(RAGMESH_API_KEYS_FILE), or anyone could call it"
+        )
+    identity = own_identity(settings)
+    if identity is None:
+        raise TLSConfigError(
+            f"RAGMESH_SERVICE_AUTH=mtls: the certificate {str(settings.tls_cert_file)!r} names no "
+            "spiffe://ragmesh/<identity> (make one with 'ragmesh certs new')"
+        )
+    if spec.name in MESH_IDENTITIES and identity != spec.name:
+        raise TLSConfigError(f"{spec.name} was given the certificate of {identity!r}")
+    return identity
+
+
+async def _start_health_port(settings: MeshSettings, health_servicer: AioHealthServicer) -> aio.Server | None:
+    """The plaintext health-only port (settings.health_port), for probes without a certificate."""
+    if settings.health_port <= 0:
+        return None
+    server = aio.server(options=[("grpc.so_reuseport", 1 if settings.workers > 1 else 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(f"{settings.host}:{settings.health_port}") == 0:
+        raise RuntimeError(f"could not bind the health port {settings.host}:{settings.health_port}")
+    await server.start()
+    return server
+
+
 async def start_service(spec: ServiceSpec, settings: MeshSettings) -> RunningService:
     """Start the server (hooks first, then the port); health turns SERVING once all is ready."""
+    guard = guard_for(spec.name, spec.access, settings)
+    identity = check_mesh_auth(spec, settings, guard)
     for hook in spec.on_start:
         await hook()
-    guard = guard_for(spec.name, spec.access, settings)
+    public = bool(spec.access)
     server = aio.server(
-        interceptors=[MeshServerInterceptor(spec.name, guard)],
+        interceptors=[MeshServerInterceptor(spec.name, guard, identity_guard_for(spec, settings))],
         options=server_options(settings, spec.max_request_bytes),
+        maximum_concurrent_rpcs=concurrency_limit(spec, settings),
     )
     spec.register(server)
     health_servicer = AioHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*spec.grpc_services, health.SERVICE_NAME, reflection.SERVICE_NAME]
     reflection.enable_server_reflection(names, server)
-    port = bind(server, f"{settings.host}:{settings.port}", settings)
+    port = bind(server, f"{settings.host}:{settings.port}", settings, public)
     if port == 0:
         raise RuntimeError(f"could not bind {settings.host}:{settings.port}")
     await server.start()
+    health_server = await _start_health_port(settings, health_servicer)
     for name in ["", *spec.grpc_services]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
         "serving",
-        extra={"port": port, "services": list(spec.grpc_services), "transport": server_mode(settings)},
+        extra={
+            "port": port,
+            "services": list(spec.grpc_services),
+            "transport": server_mode(settings, public),
+            "identity": identity,
+            "callers": describe(spec.callers) if identity and not public else None,
+            "max_concurrent_rpcs": concurrency_limit(spec, settings),
+            "max_request_bytes": request_limit(settings, spec.max_request_bytes),
+            "health_port": settings.health_port or None,
+        },
     )
-    return RunningService(spec, server, health_servicer, port)
+    return RunningService(spec, server, health_servicer, port, health_server)
 
 
 async def serve_until_signalled(spec: ServiceSpec, settings: MeshSettings) -> None:

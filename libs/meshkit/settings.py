@@ -53,7 +53,24 @@ class MeshSettings(BaseSettings):
     log_level: str = Field("INFO", description="Python log level.")
     log_format: Literal["json", "text"] = Field("json", description="Structured JSON or plain text logs.")
     shutdown_grace_s: float = Field(10.0, description="How long SIGTERM waits for in-flight calls.")
-    max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest gRPC message accepted or sent.")
+    max_message_bytes: int = Field(
+        64 * 1024 * 1024,
+        description="Largest gRPC message accepted or sent; each service accepts less where its largest "
+        "legal request is smaller (docs/SECURITY.md, request-size limits).",
+    )
+    max_concurrent_rpcs: int = Field(
+        0,
+        ge=0,
+        description="Calls one server process runs at once; beyond it new calls get RESOURCE_EXHAUSTED at "
+        "once. 0: the service's own default (docs/SECURITY.md: 256 on the public services, more on the "
+        "internal stages, which take the gateway's fan-out).",
+    )
+    health_port: int = Field(
+        0,
+        ge=0,
+        description="A second, plaintext port serving only grpc.health.v1, for probes that cannot present a "
+        "mesh certificate (the kubelet's gRPC probes) when the main port requires one; 0: none.",
+    )
     workers: int = Field(
         1,
         ge=1,
@@ -91,7 +108,15 @@ class MeshSettings(BaseSettings):
     breaker_reset_s: float = Field(10.0, description="Seconds an open breaker waits before a trial call.")
 
     # --- NATS JetStream ---
-    nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma separated.")
+    nats_url: str = Field(
+        "nats://127.0.0.1:4222",
+        description="NATS server URL(s), comma separated; tls://... connects with TLS, verified against "
+        "tls_ca_file.",
+    )
+    nats_user: str = Field(
+        "", description="NATS user of this service (per-service credentials and permissions); '' for none."
+    )
+    nats_password: str = Field("", description="Password of nats_user (never logged).", repr=False)
     nats_stream_replicas: int = Field(
         1,
         ge=1,
@@ -104,13 +129,22 @@ class MeshSettings(BaseSettings):
     s3_endpoint: str = Field("127.0.0.1:8333", description="S3 endpoint host:port.")
     s3_access_key: str = Field("ragmesh", description="S3 access key.")
     s3_secret_key: str = Field("ragmesh-secret", description="S3 secret key (never logged).", repr=False)
-    s3_secure: bool = Field(False, description="Use HTTPS for S3.")
+    s3_secure: bool = Field(
+        False, description="Use HTTPS for S3, verified against tls_ca_file when set (else the system CAs)."
+    )
     s3_region: str = Field("us-east-1", description="S3 region name.")
     documents_bucket: str = Field("ragmesh-documents", description="Raw documents.")
     snapshots_bucket: str = Field("ragmesh-snapshots", description="Index snapshots.")
     models_bucket: str = Field("ragmesh-models", description="Model directories.")
 
     # --- security (docs/SECURITY.md) ---
+    service_auth: Literal["off", "mtls"] = Field(
+        "off",
+        description="mtls: every gRPC server serves TLS; internal services require a mesh client certificate "
+        "(spiffe://ragmesh/<identity>) and admit per method only the identities allowed to call it; the "
+        "gateway and the ingestion API require API keys (RAGMESH_API_KEYS_FILE) and no certificate; clients "
+        "present this process's certificate. off: as configured by the other TLS settings, no identities.",
+    )
     api_keys_file: Path | None = Field(
         None,
         description="JSON file of API keys (sha256 digests, collections, rates) checked by the gateway and "
@@ -128,13 +162,17 @@ class MeshSettings(BaseSettings):
     tls_cert_file: Path | None = Field(None, description="Server: PEM certificate chain; set: serve TLS.")
     tls_key_file: Path | None = Field(None, description="Server: PEM private key of tls_cert_file.")
     tls_client_ca_file: Path | None = Field(
-        None, description="Server: PEM CA bundle; set: require client certificates signed by it (mTLS)."
+        None,
+        description="Server: PEM CA bundle; set: require client certificates signed by it (mTLS). With "
+        "service_auth=mtls, default: tls_ca_file.",
     )
     tls_ca_file: Path | None = Field(
         None, description="Client: PEM CA bundle; set: connect with TLS, verifying servers against it."
     )
     tls_client_cert_file: Path | None = Field(
-        None, description="Client: PEM certificate presented to servers that require one (mTLS)."
+        None,
+        description="Client: PEM certificate presented to servers that require one (mTLS). With "
+        "service_auth=mtls, default: tls_cert_file (one certificate per service, server and client).",
     )
     tls_client_key_file: Path | None = Field(
         None, description="Client: PEM private key of tls_client_cert_file."

@@ -2,6 +2,14 @@
 certificates when given a client CA: mTLS); clients verify servers against a CA bundle and
 present a certificate of their own when given one.
 
+With ``RAGMESH_SERVICE_AUTH=mtls`` the mesh's shape is fixed rather than pieced together: every
+server serves TLS with its own certificate; an internal server requires a client certificate
+signed by the mesh CA (``tls_client_ca_file``, default ``tls_ca_file``), while a public one (the
+gateway, the ingestion API: API keys) asks for none, since gRPC Python can require a client
+certificate or not ask for one, nothing in between; and every client presents the process's own
+certificate (``tls_client_cert_file``, default ``tls_cert_file``). meshkit.identity reads the
+caller's identity from the verified certificate.
+
 Only file paths travel through settings and logs; the PEM bytes are read when a port is bound or
 a channel opened and go nowhere but to gRPC.
 """
@@ -16,11 +24,18 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from meshkit.identity import certificate_identity
 from meshkit.settings import MeshSettings
 
 
 class TLSConfigError(ValueError):
     """TLS settings that cannot work (half a key pair, an unreadable file)."""
+
+
+MESH_CERT_MISSING = (
+    "RAGMESH_SERVICE_AUTH=mtls needs this service's certificate: "
+    "RAGMESH_TLS_CERT_FILE and RAGMESH_TLS_KEY_FILE"
+)
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -44,8 +59,30 @@ def _pair(cert: Path | None, key: Path | None, names: str) -> tuple[Path, Path] 
 # ------------------------------------------------------------------------------- server side
 
 
-def server_credentials(settings: MeshSettings) -> grpc.ServerCredentials | None:
-    """TLS credentials for the server's port, or None for plaintext (no certificate set)."""
+def _mesh_server_credentials(settings: MeshSettings, public: bool) -> grpc.ServerCredentials:
+    pair = _pair(
+        settings.tls_cert_file, settings.tls_key_file, "RAGMESH_TLS_CERT_FILE and RAGMESH_TLS_KEY_FILE"
+    )
+    if pair is None:
+        raise TLSConfigError(MESH_CERT_MISSING)
+    cert, key = pair
+    own = [(_read(key, "TLS key"), _read(cert, "TLS certificate"))]
+    if public:
+        return grpc.ssl_server_credentials(own)
+    client_ca = settings.tls_client_ca_file or settings.tls_ca_file
+    if client_ca is None:
+        raise TLSConfigError("RAGMESH_SERVICE_AUTH=mtls needs the mesh CA: RAGMESH_TLS_CA_FILE")
+    return grpc.ssl_server_credentials(
+        own, root_certificates=_read(client_ca, "client CA bundle"), require_client_auth=True
+    )
+
+
+def server_credentials(settings: MeshSettings, public: bool = False) -> grpc.ServerCredentials | None:
+    """TLS credentials for the server's port, or None for plaintext (no certificate set).
+    ``public``: a service whose callers authenticate with API keys (no client certificate
+    asked for under service_auth=mtls)."""
+    if settings.service_auth == "mtls":
+        return _mesh_server_credentials(settings, public)
     pair = _pair(
         settings.tls_cert_file, settings.tls_key_file, "RAGMESH_TLS_CERT_FILE and RAGMESH_TLS_KEY_FILE"
     )
@@ -64,16 +101,18 @@ def server_credentials(settings: MeshSettings) -> grpc.ServerCredentials | None:
     )
 
 
-def server_mode(settings: MeshSettings) -> str:
+def server_mode(settings: MeshSettings, public: bool = False) -> str:
     """How the server's port is protected, for the start-up log: plaintext, tls or mtls."""
+    if settings.service_auth == "mtls":
+        return "tls" if public else "mtls"
     if settings.tls_cert_file is None:
         return "plaintext"
     return "mtls" if settings.tls_client_ca_file is not None else "tls"
 
 
-def bind(server: aio.Server, address: str, settings: MeshSettings) -> int:
+def bind(server: aio.Server, address: str, settings: MeshSettings, public: bool = False) -> int:
     """Add the listening port, with TLS when configured; returns the bound port (0: failed)."""
-    credentials = server_credentials(settings)
+    credentials = server_credentials(settings, public)
     if credentials is None:
         return server.add_insecure_port(address)
     return server.add_secure_port(address, credentials)
@@ -100,6 +139,15 @@ class ClientTLS:
             settings.tls_client_key_file,
             "RAGMESH_TLS_CLIENT_CERT_FILE and RAGMESH_TLS_CLIENT_KEY_FILE",
         )
+        if settings.service_auth == "mtls":
+            if settings.tls_ca_file is None:
+                raise TLSConfigError("RAGMESH_SERVICE_AUTH=mtls needs the mesh CA: RAGMESH_TLS_CA_FILE")
+            # One certificate per service: the one it serves with is the one it calls with.
+            pair = pair or _pair(
+                settings.tls_cert_file,
+                settings.tls_key_file,
+                "RAGMESH_TLS_CERT_FILE and RAGMESH_TLS_KEY_FILE",
+            )
         if settings.tls_ca_file is None:
             if pair is not None:
                 raise TLSConfigError("a client certificate needs RAGMESH_TLS_CA_FILE (mTLS is TLS)")
@@ -119,6 +167,20 @@ class ClientTLS:
 
     def options(self) -> list[tuple[str, Any]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+def own_identity(settings: MeshSettings) -> str | None:
+    """The mesh identity named by this process's certificate (None when it names none)."""
+    if settings.tls_cert_file is None:
+        raise TLSConfigError(MESH_CERT_MISSING)
+    try:
+        return certificate_identity(_read(settings.tls_cert_file, "TLS certificate"))
+    except ValueError as exc:
+        if isinstance(exc, TLSConfigError):
+            raise
+        raise TLSConfigError(
+            f"the TLS certificate {str(settings.tls_cert_file)!r} is not a PEM certificate"
+        ) from None
 
 
 def open_channel(

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from grpc import aio
 
+from meshkit.auth import Rule
+from meshkit.identity import Callers
 from meshkit.interceptors import deadline_var
 from meshkit.logs import current_request_id
 from meshkit.server import RunningService, ServiceSpec, start_service
@@ -81,18 +83,36 @@ async def start_fake() -> AsyncIterator[StartFake]:
     async def start(
         fake: FakeEmbedder | None = None,
         extra: Callable[[aio.Server], None] | None = None,
+        *,
+        name: str | None = None,
+        callers: Callers | None = None,
+        access: Mapping[str, Rule] | None = None,
+        max_concurrent_rpcs: int = 256,
+        max_concurrent_rpcs_setting: int = 0,
+        max_request_bytes: int = 0,
         **settings: Any,
     ) -> Served:
         fake = fake or FakeEmbedder()
-        name = unique_name("fake")
+        name = name or unique_name("fake")
 
         def register(server: aio.Server) -> None:
             embedder_pb2_grpc.add_EmbedderServiceServicer_to_server(fake, server)
             if extra is not None:
                 extra(server)
 
-        spec = ServiceSpec(name=name, grpc_services=[EMBEDDER_SERVICE], register=register)
-        running = await start_service(spec, MeshSettings(host="127.0.0.1", port=0, **settings))
+        spec = ServiceSpec(
+            name=name,
+            grpc_services=[EMBEDDER_SERVICE],
+            register=register,
+            callers=callers or {},
+            access=access or {},
+            max_concurrent_rpcs=max_concurrent_rpcs,
+            max_request_bytes=max_request_bytes,
+        )
+        mesh = MeshSettings(
+            host="127.0.0.1", port=0, max_concurrent_rpcs=max_concurrent_rpcs_setting, **settings
+        )
+        running = await start_service(spec, mesh)
         served = Served(name, fake, running)
         started.append(served)
         return served

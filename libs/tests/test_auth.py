@@ -345,6 +345,7 @@ def test_settings_never_show_secrets() -> None:
         "api_key": "cli-key-123",
         "s3_secret_key": "s3-secret-456",
         "llm_api_key": "llm-key-789",
+        "nats_password": "nats-pw-012",
     }
     settings = LLMSettings(**secrets_)
     shown = repr(settings) + str(settings)

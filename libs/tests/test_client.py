@@ -357,10 +357,23 @@ async def test_request_id_is_sent_even_without_inbound_one(start_fake: Any, conn
 
 
 async def test_unreachable_downstream_is_unavailable(connect: Any) -> None:
-    client = connect(f"127.0.0.1:{free_port()}", ClientPolicy(timeout_s=1.0, retry_backoff_s=0.01))
+    port = free_port()
+    client = connect(f"127.0.0.1:{port}", ClientPolicy(timeout_s=1.0, retry_backoff_s=0.01))
     with pytest.raises(DownstreamError) as exc:
         await client.call(client.stub.Embed, REQUEST, idempotent=True)
     assert exc.value.reason in ("unavailable", "deadline")
+    # The message can reach the gateway's callers: it says what happened, not where.
+    assert exc.value.message in ("could not reach the service", "no answer before the deadline")
+    assert str(port) not in str(exc.value)
+
+
+async def test_a_downstream_handlers_own_message_is_kept(start_fake: Any, connect: Any) -> None:
+    served = await start_fake()
+    served.fake.behavior = always(down)
+    client = connect(served.address, ClientPolicy(retry_attempts=1))
+    with pytest.raises(DownstreamError) as exc:
+        await client.call(client.stub.Embed, REQUEST)
+    assert (exc.value.reason, exc.value.message) == ("unavailable", "downstream warming up")
 
 
 async def test_check_health_on_a_dead_port_is_unreachable() -> None:

@@ -225,6 +225,25 @@ async def test_connect_error_is_retried_then_unavailable(connect: Callable[..., 
     assert len(server.requests) == 2
 
 
+async def test_errors_name_the_failure_not_the_servers_answer_or_the_exception(
+    connect: Callable[..., OpenAICompatibleLLM],
+) -> None:
+    # LLMError messages reach callers as degradation reasons: internals stay in the log.
+    async def leaky(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, text="prompt too long: /models/secret-path.gguf token=abc123")
+
+    with pytest.raises(LLMError) as caught:
+        await connect(FakeServer(leaky)).chat(MESSAGES)
+    assert caught.value.message == "HTTP 400 from the LLM server"
+
+    async def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connect to 10.1.2.3:8080 failed", request=request)
+
+    with pytest.raises(LLMError) as caught:
+        await connect(FakeServer(refuse), llm_retry_attempts=1).chat(MESSAGES)
+    assert caught.value.message == "cannot reach the LLM server (ConnectError)"
+
+
 async def test_breaker_opens_and_fails_fast(connect: Callable[..., OpenAICompatibleLLM]) -> None:
     server = FakeServer(status(503))
     llm = connect(server, llm_retry_attempts=1, llm_breaker_fail_max=3)

@@ -18,6 +18,8 @@ from prometheus_client import REGISTRY
 from meshkit.client import check_health
 from meshkit.errors import ServiceError, failed_precondition, invalid_argument, not_found, resource_exhausted
 from meshkit.logs import REQUEST_ID_HEADER
+from meshkit.server import request_limit
+from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 
 EMBEDDER_SERVICE = "ragmesh.embedder.v1.EmbedderService"
@@ -132,6 +134,25 @@ async def test_unexpected_exception_is_internal_with_request_id(start_fake: Any)
             )
     assert exc.value.code() == grpc.StatusCode.INTERNAL
     assert "rid-crash-42" in (exc.value.details() or "")
+
+
+async def test_internal_errors_carry_no_internals(start_fake: Any) -> None:
+    served = await start_fake()
+
+    async def crash(request: Any, context: Any) -> Any:
+        raise RuntimeError("password=hunter2 at /srv/ragmesh/secret.db")
+
+    served.fake.behavior = crash
+    async with aio.insecure_channel(served.address) as channel:
+        with pytest.raises(aio.AioRpcError) as exc:
+            await embedder_pb2_grpc.EmbedderServiceStub(channel).Embed(
+                REQUEST, timeout=5, metadata=((REQUEST_ID_HEADER, "rid-leak"),)
+            )
+    details = exc.value.details() or ""
+    assert exc.value.code() == grpc.StatusCode.INTERNAL
+    assert details == "internal error (request id rid-leak); the service logged the details under this id"
+    for internal in ("hunter2", "secret.db", "RuntimeError"):
+        assert internal not in details
 
 
 async def test_unexpected_exception_without_client_id_names_the_generated_one(start_fake: Any) -> None:
@@ -302,3 +323,68 @@ async def test_stream_handlers_are_wrapped_too(start_fake: Any) -> None:
     assert exc.value.details() == "stopped after two"
     ok = {"service": served.name, "method": "Count", "code": "OK"}
     assert REGISTRY.get_sample_value("ragmesh_rpc_requests_total", ok) == 1
+
+
+async def test_concurrent_calls_beyond_the_cap_are_refused_at_once(start_fake: Any) -> None:
+    served = await start_fake(max_concurrent_rpcs=2)
+    release, entered = asyncio.Event(), asyncio.Semaphore(0)
+
+    async def held(request: Any, context: Any) -> Any:
+        entered.release()
+        await release.wait()
+        return embedder_pb2.EmbedResponse(model="done")
+
+    served.fake.behavior = held
+    async with aio.insecure_channel(served.address) as channel:
+        stub = embedder_pb2_grpc.EmbedderServiceStub(channel)
+        holding = [asyncio.ensure_future(stub.Embed(REQUEST, timeout=10)) for _ in range(2)]
+        for _ in holding:
+            await asyncio.wait_for(entered.acquire(), 5)
+        started = time.monotonic()
+        with pytest.raises(aio.AioRpcError) as refused:
+            await stub.Embed(REQUEST, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert time.monotonic() - started < 2.0  # refused, not queued until a slot frees
+        release.set()
+        assert [r.model for r in await asyncio.gather(*holding)] == ["done", "done"]
+        # Slots free again once the held calls are done.
+        assert (await stub.Embed(REQUEST, timeout=10)).model == "done"
+
+
+async def test_the_mesh_wide_setting_overrides_the_services_cap(start_fake: Any) -> None:
+    served = await start_fake(max_concurrent_rpcs=100, max_concurrent_rpcs_setting=1)
+    release, entered = asyncio.Event(), asyncio.Event()
+
+    async def held(request: Any, context: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return embedder_pb2.EmbedResponse()
+
+    served.fake.behavior = held
+    async with aio.insecure_channel(served.address) as channel:
+        stub = embedder_pb2_grpc.EmbedderServiceStub(channel)
+        first = asyncio.ensure_future(stub.Embed(REQUEST, timeout=10))
+        await asyncio.wait_for(entered.wait(), 5)
+        with pytest.raises(aio.AioRpcError) as refused:
+            await stub.Embed(REQUEST, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        release.set()
+        await first
+
+
+async def test_a_service_accepts_no_message_beyond_its_own_limit(start_fake: Any) -> None:
+    served = await start_fake(max_request_bytes=4096)
+    async with aio.insecure_channel(served.address) as channel:
+        stub = embedder_pb2_grpc.EmbedderServiceStub(channel)
+        assert (await stub.Embed(embedder_pb2.EmbedRequest(texts=["x" * 3000]), timeout=5)).model
+        with pytest.raises(aio.AioRpcError) as refused:
+            await stub.Embed(embedder_pb2.EmbedRequest(texts=["x" * 5000]), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert served.fake.calls == 1
+
+
+def test_request_limits_never_exceed_the_mesh_wide_one() -> None:
+    settings = MeshSettings(max_message_bytes=1000)
+    assert request_limit(settings, 0) == 1000
+    assert request_limit(settings, 500) == 500
+    assert request_limit(settings, 5000) == 1000

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from grpc import aio
 
 from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
-from meshkit.server import ServiceSpec
+from meshkit.identity import EXTRACTOR, GATEWAY, INGESTION_WORKER, OPS, Callers, allow
+from meshkit.server import ServiceSpec, text_request_bytes
 from meshkit.settings import EmbedderSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
@@ -126,6 +127,16 @@ class EmbedderServicer(embedder_pb2_grpc.EmbedderServiceServicer):
         )
 
 
+# Who may call the embedder (RAGMESH_SERVICE_AUTH=mtls): the stages that embed queries and passages.
+_EMBEDDING_CALLERS = allow(GATEWAY, EXTRACTOR, INGESTION_WORKER, OPS)
+CALLERS: Callers = {"Embed": _EMBEDDING_CALLERS, "GetModelInfo": _EMBEDDING_CALLERS}
+
+
+def max_request_bytes(settings: EmbedderSettings) -> int:
+    """The largest legal Embed: the most texts, each of the longest length."""
+    return text_request_bytes(settings.embedder_max_request_texts, settings.embedder_max_text_chars, 16)
+
+
 def build_spec(
     settings: EmbedderSettings, model: EmbeddingModel | None = None
 ) -> tuple[ServiceSpec, EmbedderServicer]:
@@ -142,5 +153,9 @@ def build_spec(
         on_start=[servicer.start],
         on_stop=[servicer.stop],
         multiprocess_safe=True,
+        callers=CALLERS,
+        max_request_bytes=max_request_bytes(settings),
+        # Calls wait in the micro-batcher (bounded by embedder_max_queued_texts), not in handlers.
+        max_concurrent_rpcs=1024,
     )
     return spec, servicer

@@ -21,9 +21,10 @@ import time
 from grpc import aio
 
 from meshkit.errors import invalid_argument, resource_exhausted
+from meshkit.identity import GATEWAY, OPS, Callers, allow
 from meshkit.ids import MAX_ITEM_ID_CHARS, check_item_list
 from meshkit.llm import LLM, make_llm
-from meshkit.server import Hook, ServiceSpec
+from meshkit.server import ITEM_OVERHEAD_BYTES, Hook, ServiceSpec, text_request_bytes
 from meshkit.settings import ExtractorSettings
 from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc
 from services.extractor.embedder import EmbedderClient
@@ -146,6 +147,20 @@ class ExtractorServicer(extractor_pb2_grpc.ExtractorServiceServicer):
         return to_response(outcome)
 
 
+# Who may call the extractor (RAGMESH_SERVICE_AUTH=mtls).
+CALLERS: Callers = {"Extract": allow(GATEWAY, OPS)}
+
+
+def max_request_bytes(settings: ExtractorSettings) -> int:
+    """The largest legal Extract: the most passages, each of the longest length, and a query."""
+    return text_request_bytes(
+        settings.extractor_max_passages,
+        settings.extractor_max_passage_chars,
+        ITEM_OVERHEAD_BYTES,
+        settings.extractor_max_query_chars,
+    )
+
+
 def build_spec(
     settings: ExtractorSettings, llm: LLM | None = None, embed: Embed | None = None
 ) -> tuple[ServiceSpec, ExtractorServicer]:
@@ -173,5 +188,9 @@ def build_spec(
         on_start=on_start,
         on_stop=on_stop,
         multiprocess_safe=True,
+        callers=CALLERS,
+        max_request_bytes=max_request_bytes(settings),
+        # Each call holds LLM requests for seconds; more at once only queues behind the LLM tier.
+        max_concurrent_rpcs=128,
     )
     return spec, servicer

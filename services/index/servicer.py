@@ -9,8 +9,9 @@ import numpy as np
 from grpc import aio
 
 from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
-from meshkit.ids import doc_id_problem, shard_of, validate_chunk_id, validate_collection
-from meshkit.server import ServiceSpec
+from meshkit.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
+from meshkit.ids import MAX_DOC_ID_CHARS, doc_id_problem, shard_of, validate_chunk_id, validate_collection
+from meshkit.server import REQUEST_SLACK_BYTES, ServiceSpec
 from meshkit.settings import IndexSettings
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from services.index import mutations as mut
@@ -179,6 +180,28 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
         return index_pb2.SnapshotResponse(sequence=sequence, uploaded=uploaded)
 
 
+# Who may call an index shard (RAGMESH_SERVICE_AUTH=mtls): the gateway reads, the workers write,
+# operators also snapshot and list.
+_READERS = allow(GATEWAY, OPS)
+_WRITERS = allow(INGESTION_WORKER, OPS)
+CALLERS: Callers = {
+    "Search": _READERS,
+    "GetStats": _READERS,
+    "Upsert": _WRITERS,
+    "ReplaceDocuments": _WRITERS,
+    "Delete": _WRITERS,
+    "Snapshot": allow(OPS),
+    "ListDocuments": allow(OPS),
+}
+
+
+def max_request_bytes(settings: IndexSettings) -> int:
+    """The largest legal write: index_max_batch_chunks chunks, each a float32 vector, a chunk id
+    and a doc id with their framing (a Search's filter of doc ids is smaller)."""
+    per_chunk = 4 * settings.index_dimension + MAX_DOC_ID_CHARS + 128
+    return settings.index_max_batch_chunks * per_chunk + REQUEST_SLACK_BYTES
+
+
 def build_spec(settings: IndexSettings, shard: IndexShard | None = None) -> ServiceSpec:
     """The service description ``run_service``/``start_service`` need (tests pass a shard)."""
     if shard is None:
@@ -195,4 +218,7 @@ def build_spec(settings: IndexSettings, shard: IndexShard | None = None) -> Serv
         register=register,
         on_start=[shard.start],
         on_stop=[shard.stop],
+        callers=CALLERS,
+        max_request_bytes=max_request_bytes(settings),
+        max_concurrent_rpcs=1024,
     )

@@ -19,6 +19,9 @@ def main() -> None:
         on_start=[servicer.start],
         on_stop=[servicer.stop],
         access=ACCESS,
+        # Documents of up to ingest_max_document_bytes, several per call: the mesh-wide limit bounds it.
+        max_request_bytes=settings.max_message_bytes,
+        max_concurrent_rpcs=256,
     )
     run_service(spec, settings)
 

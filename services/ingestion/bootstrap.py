@@ -14,6 +14,7 @@ import logging
 import nats
 
 from meshkit.logs import configure_logging
+from meshkit.natsconn import connect_options
 from meshkit.objectstore import ObjectStore
 from meshkit.settings import IngestionSettings
 from services.ingestion.state import open_buckets
@@ -25,7 +26,7 @@ CONNECT_TIMEOUT_S = 10.0
 
 async def bootstrap(settings: IngestionSettings) -> None:
     nc = await nats.connect(
-        servers=settings.nats_url.split(","),
+        **connect_options(settings),
         name="ragmesh-bootstrap",
         connect_timeout=CONNECT_TIMEOUT_S,
         allow_reconnect=False,

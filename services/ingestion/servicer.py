@@ -20,6 +20,7 @@ from prometheus_client import Counter
 from meshkit.auth import READ, WRITE, Rule, readable
 from meshkit.errors import ServiceError, invalid_argument, not_found, resource_exhausted, unavailable
 from meshkit.ids import doc_id_problem, doc_key, sha256_hex, validate_collection, validate_doc_id
+from meshkit.natsconn import connect_options
 from meshkit.objectstore import ObjectStore
 from meshkit.settings import IngestionSettings
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
@@ -104,7 +105,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
 
     async def start(self) -> None:
         self.nc = await nats.connect(
-            servers=self.settings.nats_url.split(","),
+            **connect_options(self.settings),
             name="ingestion-api",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,

@@ -32,8 +32,9 @@ from prometheus_client import Gauge
 from meshkit.client import ClientPolicy, Downstream
 from meshkit.ids import doc_key
 from meshkit.logs import new_request_id, request_id_var
+from meshkit.natsconn import connect_options
 from meshkit.objectstore import ObjectStore
-from meshkit.server import ServiceSpec, run_service
+from meshkit.server import REQUEST_SLACK_BYTES, ServiceSpec, run_service
 from meshkit.settings import IngestionSettings
 from ragmesh.embedder.v1 import embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2_grpc
@@ -106,7 +107,7 @@ class IngestWorker:
     async def start(self) -> None:
         settings = self.settings
         self.nc = await nats.connect(
-            servers=settings.nats_url.split(","),
+            **connect_options(settings),
             name=self.worker_id,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
@@ -420,6 +421,9 @@ def main() -> None:
         name="ingestion-worker",
         grpc_services=[],
         register=lambda server: None,
+        # It serves health checks only: no caller rules, small messages.
+        max_request_bytes=REQUEST_SLACK_BYTES,
+        max_concurrent_rpcs=16,
         on_start=[worker.start],
         on_stop=[worker.stop],
     )

@@ -149,7 +149,7 @@ class Narrator:
                 except Exception as exc:
                     # The caller is owed an answer even when the client misbehaves.
                     log.exception("llm stream failed")
-                    raise LLMError("error", repr(exc)) from exc
+                    raise LLMError("error", f"the LLM stream failed ({type(exc).__name__})") from exc
                 yield chunk
         finally:
             if isinstance(stream, AsyncGenerator):

@@ -24,9 +24,10 @@ from collections.abc import AsyncIterator, Sequence
 from grpc import aio
 
 from meshkit.errors import invalid_argument, resource_exhausted
+from meshkit.identity import GATEWAY, OPS, Callers, allow
 from meshkit.ids import MAX_ITEM_ID_CHARS, check_item_list
 from meshkit.llm import LLM, make_llm
-from meshkit.server import ServiceSpec
+from meshkit.server import ITEM_OVERHEAD_BYTES, ServiceSpec, text_request_bytes
 from meshkit.settings import NarratorSettings
 from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
 from services.narrator.model import Answer, Fact, Mode, NarrationInput, Role, Source, Turn
@@ -189,6 +190,22 @@ class NarratorServicer(narrator_pb2_grpc.NarratorServiceServicer):
                 yield narrator_pb2.NarrateStreamResponse(answer=answer_to_pb(event, narration.sources))
 
 
+# Who may call the narrator (RAGMESH_SERVICE_AUTH=mtls).
+CALLERS: Callers = {"Narrate": allow(GATEWAY, OPS), "NarrateStream": allow(GATEWAY, OPS)}
+
+
+def max_request_bytes(settings: NarratorSettings) -> int:
+    """The largest legal Narrate: the most sources and facts at their longest, a full history
+    and a query."""
+    s = settings
+    sources = text_request_bytes(s.narrator_max_sources, s.narrator_max_snippet_chars, ITEM_OVERHEAD_BYTES)
+    facts = text_request_bytes(s.narrator_max_facts, s.narrator_max_fact_chars, 64)
+    talk = text_request_bytes(
+        s.narrator_max_history_turns, 0, 64, s.narrator_max_history_chars + s.narrator_max_query_chars
+    )
+    return sources + facts + talk
+
+
 def build_spec(settings: NarratorSettings, llm: LLM | None = None) -> tuple[ServiceSpec, NarratorServicer]:
     """The service spec for run_service/start_service; ``llm`` lets tests inject a fake."""
     servicer = NarratorServicer(settings, llm if llm is not None else make_llm(settings))
@@ -203,5 +220,9 @@ def build_spec(settings: NarratorSettings, llm: LLM | None = None) -> tuple[Serv
         on_start=[],
         on_stop=[servicer.stop],
         multiprocess_safe=True,
+        callers=CALLERS,
+        max_request_bytes=max_request_bytes(settings),
+        # Each call holds an LLM generation for seconds; more at once only queues behind the LLM tier.
+        max_concurrent_rpcs=128,
     )
     return spec, servicer

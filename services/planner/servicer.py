@@ -7,8 +7,9 @@ from __future__ import annotations
 from grpc import aio
 
 from meshkit.errors import failed_precondition, invalid_argument, unavailable
+from meshkit.identity import GATEWAY, OPS, Callers, allow
 from meshkit.llm import LLM, LLMError, make_llm
-from meshkit.server import Hook, ServiceSpec
+from meshkit.server import Hook, ServiceSpec, text_request_bytes
 from meshkit.settings import PlannerSettings
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from services.planner import metrics
@@ -128,6 +129,10 @@ def default_planner(settings: PlannerSettings, llm: LLM | None = None) -> Planne
     return deterministic
 
 
+# Who may call the planner (RAGMESH_SERVICE_AUTH=mtls).
+CALLERS: Callers = {"Plan": allow(GATEWAY, OPS), "Hyde": allow(GATEWAY, OPS)}
+
+
 def build_spec(
     settings: PlannerSettings, planner: Planner | None = None, llm: LLM | None = None
 ) -> ServiceSpec:
@@ -151,4 +156,8 @@ def build_spec(
         register=lambda server: planner_pb2_grpc.add_PlannerServiceServicer_to_server(servicer, server),
         on_stop=on_stop,
         multiprocess_safe=True,
+        callers=CALLERS,
+        # A query and a few small fields.
+        max_request_bytes=text_request_bytes(chars=settings.planner_max_query_chars),
+        max_concurrent_rpcs=512,
     )

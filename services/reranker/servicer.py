@@ -24,9 +24,10 @@ from prometheus_client import Counter
 
 from meshkit.batching import MicroBatcher
 from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
+from meshkit.identity import GATEWAY, OPS, Callers, allow
 from meshkit.ids import check_item_list
 from meshkit.objectstore import ObjectStore
-from meshkit.server import ServiceSpec
+from meshkit.server import ITEM_OVERHEAD_BYTES, ServiceSpec, text_request_bytes
 from meshkit.settings import RerankerSettings
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from services.reranker.fetch import fetch_model_dir
@@ -182,6 +183,20 @@ class RerankerServicer(reranker_pb2_grpc.RerankerServiceServicer):
         )
 
 
+# Who may call the reranker (RAGMESH_SERVICE_AUTH=mtls).
+CALLERS: Callers = {"Rerank": allow(GATEWAY, OPS), "GetModelInfo": allow(GATEWAY, OPS)}
+
+
+def max_request_bytes(settings: RerankerSettings) -> int:
+    """The largest legal Rerank: the most passages, each of the longest length, and a query."""
+    return text_request_bytes(
+        settings.reranker_max_passages,
+        settings.reranker_max_passage_chars,
+        ITEM_OVERHEAD_BYTES,
+        settings.reranker_max_query_chars,
+    )
+
+
 def build_spec(
     settings: RerankerSettings, model: CrossEncoderModel | None = None
 ) -> tuple[ServiceSpec, RerankerServicer]:
@@ -198,5 +213,7 @@ def build_spec(
         on_start=[servicer.start],
         on_stop=[servicer.stop],
         multiprocess_safe=True,
+        callers=CALLERS,
+        max_request_bytes=max_request_bytes(settings),
     )
     return spec, servicer

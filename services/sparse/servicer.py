@@ -11,6 +11,7 @@ from pathlib import Path
 from grpc import aio
 
 from meshkit.errors import deadline_exceeded, invalid_argument, not_found, resource_exhausted
+from meshkit.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
 from meshkit.ids import validate_chunk_id, validate_collection, validate_doc_id
 from meshkit.server import ServiceSpec
 from meshkit.settings import SparseSettings
@@ -271,6 +272,20 @@ def _chunk_pb(record: ChunkRecord) -> sparse_pb2.ChunkText:
     return chunk
 
 
+# Who may call sparse (RAGMESH_SERVICE_AUTH=mtls): the gateway reads, the workers write.
+_READERS = allow(GATEWAY, OPS)
+_WRITERS = allow(INGESTION_WORKER, OPS)
+CALLERS: Callers = {
+    "SearchBm25": _READERS,
+    "SearchExact": _READERS,
+    "GetChunks": _READERS,
+    "GetStats": _READERS,
+    "ReplaceDocuments": _WRITERS,
+    "Delete": _WRITERS,
+    "ListDocuments": allow(OPS),
+}
+
+
 def build_spec(settings: SparseSettings) -> ServiceSpec:
     root = data_dir(settings)
     root.mkdir(parents=True, exist_ok=True)
@@ -285,4 +300,9 @@ def build_spec(settings: SparseSettings) -> ServiceSpec:
         grpc_services=[sparse_pb2.DESCRIPTOR.services_by_name["SparseService"].full_name],
         register=lambda server: sparse_pb2_grpc.add_SparseServiceServicer_to_server(servicer, server),
         on_stop=[close],
+        callers=CALLERS,
+        # A write may carry sparse_max_batch_chunks chunks of up to sparse_max_chunk_chars each, more
+        # than any message may hold: the mesh-wide message limit is its bound.
+        max_request_bytes=settings.max_message_bytes,
+        max_concurrent_rpcs=1024,
     )

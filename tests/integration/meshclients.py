@@ -15,11 +15,13 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
+from meshkit.tls import ClientTLS, open_channel
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
+from ragmesh_cli.channels import api_key_interceptors
 from ragmesh_cli.stack import Stack
 
 MD = ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN
@@ -28,8 +30,13 @@ PDF = ingestion_pb2.DOCUMENT_FORMAT_PDF
 
 
 class Mesh:
-    def __init__(self, stack: Stack) -> None:
+    """Stubs of the stack's services; on a secure stack, over TLS as ``tls``'s identity (the
+    stack's ``ops`` by default) and with ``api_key`` on every call."""
+
+    def __init__(self, stack: Stack, tls: ClientTLS | None = None, api_key: str | None = None) -> None:
         self.stack = stack
+        self.tls = tls if tls is not None else (stack.client_tls() if stack.secure else None)
+        self.api_key = api_key if api_key is not None else (stack.api_key() if stack.secure else None)
         self._channels: list[aio.Channel] = []
         self.ingestion = ingestion_pb2_grpc.IngestionServiceStub(self._channel("ingestion"))
         self.embedder = embedder_pb2_grpc.EmbedderServiceStub(self._channel("embedder"))
@@ -40,10 +47,17 @@ class Mesh:
             if name.startswith("index-")
         ]
 
+    def channel(self, name: str) -> aio.Channel:
+        """A channel to one component, closed with the others."""
+        return self._channel(name)
+
     def _channel(self, name: str) -> aio.Channel:
-        channel = aio.insecure_channel(
+        interceptors = api_key_interceptors(self.api_key) if self.api_key else None
+        channel = open_channel(
             self.stack.address(name),
-            options=[("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)],
+            [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)],
+            self.tls,
+            interceptors,
         )
         self._channels.append(channel)
         return channel

@@ -117,3 +117,37 @@ def test_api_key_option_reaches_the_channels(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("RAGMESH_API_KEY", raising=False)
     assert main(["--api-key", "rmk_from-flag", "config", "--json"]) == 0
     assert channels.api_key() == "rmk_from-flag"
+
+
+def add_countdown(server: aio.Server) -> None:
+    async def count(request: bytes, context: aio.ServicerContext) -> AsyncIterator[bytes]:
+        for i in range(int(request.decode())):
+            yield str(i).encode()
+
+    handler = grpc.method_handlers_generic_handler(
+        "test.Stream", {"Count": grpc.unary_stream_rpc_method_handler(count)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+
+
+async def test_streaming_calls_carry_the_api_key_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A streamed answer (ragmesh ask: AskStream) is checked like any call: the key must ride on it.
+    minted = new_key(capsys, "--name", "cli", "--read", "*")
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": [minted["entry"]]}))
+    spec = ServiceSpec(
+        name="cli-guarded-stream",
+        grpc_services=[],
+        register=add_countdown,
+        access={"Count": Rule(READ)},
+    )
+    running = await start_service(spec, MeshSettings(host="127.0.0.1", port=0, api_keys_file=path))
+    monkeypatch.setenv("RAGMESH_API_KEY", minted["api_key"])
+    try:
+        async with channels.open_channel(f"127.0.0.1:{running.port}") as channel:
+            count = channel.unary_stream("/test.Stream/Count")
+            assert [item async for item in count(b"3", timeout=5)] == [b"0", b"1", b"2"]
+    finally:
+        await running.stop(0)

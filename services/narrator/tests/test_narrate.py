@@ -144,7 +144,9 @@ async def test_a_stream_breaking_midway_still_ends_with_an_extractive_answer() -
 
 async def test_an_unexpected_client_error_is_an_extractive_answer_too() -> None:
     _, answer = await run(streaming(["Partial ", RuntimeError("boom")]))
-    assert answer.mode is Mode.EXTRACTIVE and answer.degraded_reason.startswith("error: RuntimeError")
+    assert answer.mode is Mode.EXTRACTIVE and answer.degraded_reason.startswith("error: ")
+    # The reason reaches the caller: it names the kind of failure, not the exception's text.
+    assert "RuntimeError" in answer.degraded_reason and "boom" not in answer.degraded_reason
 
 
 async def test_a_hung_stream_is_cut_at_the_deadline() -> None:

@@ -1,0 +1,510 @@
+"""The secure local stack (``ragmesh up --secure``): API keys on the public services, mTLS with a
+certificate per service identity on every gRPC hop, NATS over TLS with a user per service, S3
+over HTTPS with a key per service; two index shards, two ingestion workers, two embedder
+replicas and a gateway of two processes, production timings (no test overrides of lease, ack
+wait or deliveries).
+
+- a full ingest -> search -> ask works with all of it on, through the API and the CLI;
+- nobody without a mesh certificate gets anything from an internal stage (plaintext or TLS),
+  whatever the method (sparse GetChunks and Delete, index Search, embedder Embed ...);
+- a mesh identity reaches only the methods its service is allowed to call;
+- tenant A's key reaches nothing of tenant B's collection, by any public method;
+- NATS refuses anonymous clients, and a service's user outside its subjects; S3 refuses one
+  service's key on another's bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import nats
+import nats.errors
+import pytest
+from grpc import aio
+from minio.error import InvalidResponseError, S3Error
+
+from meshkit.identity import EMBEDDER, EXTRACTOR, GATEWAY, INDEX, INGESTION, INGESTION_WORKER, OPS, SPARSE
+from meshkit.natsconn import connect_options
+from meshkit.objectstore import ObjectStore
+from meshkit.settings import MeshSettings
+from meshkit.tls import ClientTLS, open_channel
+from ragmesh.common.v1 import common_pb2
+from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
+from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc
+from ragmesh.gateway.v1 import gateway_pb2 as gw
+from ragmesh.gateway.v1 import gateway_pb2_grpc
+from ragmesh.index.v1 import index_pb2, index_pb2_grpc
+from ragmesh.ingestion.v1 import ingestion_pb2 as ing
+from ragmesh.ingestion.v1 import ingestion_pb2_grpc
+from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
+from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
+from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
+from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
+from ragmesh_cli import channels
+from ragmesh_cli.main import main
+from ragmesh_cli.secure import DOCUMENTS, IDENTITY_OF_KIND, MODELS, S3_GRANTS, SNAPSHOTS
+from ragmesh_cli.stack import Stack
+
+from .meshclients import Mesh
+
+pytestmark = pytest.mark.integration
+
+ALPHA, BETA = "alpha", "beta"
+TENANTS = {"tenant-a": ([ALPHA], [ALPHA]), "tenant-b": ([BETA], [BETA])}
+SERVICES = [
+    "embedder",
+    "index",
+    "sparse",
+    "planner",
+    "reranker",
+    "extractor",
+    "narrator",
+    "ingestion",
+    "gateway",
+    "worker",
+]
+ALPHA_DOCS = {
+    "rotation.md": "# Rotating API keys\n\nTo rotate an API key in ragmesh, mint a new key with ragmesh keys "
+    "new, move every client to it, then remove the old entry from the keys file and restart the gateway.",
+    "limits.md": "# Request limits\n\nEvery ragmesh server caps the calls it runs at once and refuses "
+    "messages larger than its largest legal request with RESOURCE_EXHAUSTED.",
+}
+BROKEN = "broken.pdf"
+BETA_SECRET = "The beta tenant's launch code word is zanzibarite; ragmesh keeps it in collection beta."
+
+
+def start_secure_stack(state_dir: Path) -> Stack:
+    """The stack under test: everything on, as ``ragmesh up --secure`` runs it."""
+    stack = Stack(
+        state_dir,
+        workers=2,
+        index_shards=2,
+        services=SERVICES,
+        secure=True,
+        api_keys=TENANTS,
+        # A replica list (one TLS name for several addresses) and pre-fork workers on one port.
+        replicas={"embedder": 2},
+        processes={"gateway": 2},
+    )
+    stack.up()
+    return stack
+
+
+@pytest.fixture(scope="module")
+def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack: Stack | None = None
+    try:
+        stack = start_secure_stack(tmp_path_factory.mktemp("secure"))
+        yield stack
+    finally:
+        if stack is not None:
+            stack.down()
+
+
+def tenant(stack: Stack, name: str) -> Mesh:
+    """A tenant's view: TLS without a certificate (it has none), its API key on every call."""
+    return Mesh(
+        stack, tls=ClientTLS(stack.client_tls().ca_file, server_name="localhost"), api_key=stack.api_key(name)
+    )
+
+
+@pytest.fixture(scope="module")
+async def indexed(secure_stack: Stack) -> dict[str, list[str]]:
+    """Tenant A's documents in alpha and tenant B's in beta, indexed; and a broken PDF of B's,
+    dead-lettered (through the workers' and the API's NATS grants)."""
+    written: dict[str, list[str]] = {}
+    for name, collection, docs in (
+        ("tenant-a", ALPHA, list(ALPHA_DOCS.items())),
+        ("tenant-b", BETA, [("secret.md", BETA_SECRET)]),
+    ):
+        mesh = tenant(secure_stack, name)
+        try:
+            reply = await mesh.ingest(collection, docs)
+            assert [r.outcome for r in reply.results] == [ing.SUBMIT_OUTCOME_QUEUED] * len(docs), reply
+            ids = [doc_id for doc_id, _ in docs]
+            states = await mesh.wait_settled(collection, ids, timeout=180)
+            assert {s.state for s in states.values()} == {ing.DOCUMENT_STATE_INDEXED}, states
+            written[collection] = ids
+        finally:
+            await mesh.close()
+    b = tenant(secure_stack, "tenant-b")
+    try:
+        await b.ingest(BETA, [(BROKEN, b"%PDF-1.4\n not a pdf at all")], fmt=ing.DOCUMENT_FORMAT_PDF)
+        assert (await b.wait_settled(BETA, [BROKEN], timeout=180))[BROKEN].state == ing.DOCUMENT_STATE_FAILED
+        letters = await b.ingestion.ListDeadLetters(ing.ListDeadLettersRequest(collection=BETA), timeout=10)
+        assert [d.doc_id for d in letters.dead_letters] == [BROKEN]
+    finally:
+        await b.close()
+    return written
+
+
+async def refused(call: Awaitable[Any]) -> grpc.StatusCode:
+    """The status a call was refused with (the test fails if it succeeded)."""
+    try:
+        reply = await call
+    except aio.AioRpcError as exc:
+        return exc.code()
+    raise AssertionError(f"the call succeeded: {str(reply)[:300]}")
+
+
+# ------------------------------------------------------------------ the happy path, auth on
+
+
+async def test_ingest_search_and_ask_with_everything_on(
+    secure_stack: Stack, indexed: dict[str, list[str]]
+) -> None:
+    mesh = tenant(secure_stack, "tenant-a")
+    try:
+        gateway = gateway_pb2_grpc.GatewayServiceStub(mesh.channel("gateway"))
+        found = await gateway.Search(
+            gw.SearchRequest(collection=ALPHA, query="how do I rotate an API key?"), timeout=30
+        )
+        assert found.results and found.results[0].doc_id == "rotation.md", found
+        assert not found.degradations, found.degradations
+        question = gw.AskRequest(
+            collection=ALPHA, query="How do I rotate an API key?", mode=gw.ANSWER_MODE_EXTRACTIVE
+        )
+        events = await _drain(gateway.AskStream(gw.AskStreamRequest(request=question), timeout=90))
+        answer = events[-1].answer
+        assert answer.answered and answer.citations, answer
+        # Every stage answered over mTLS: nothing was skipped.
+        assert not answer.degradations, answer.degradations
+        assert {c.doc_id for c in answer.citations} <= set(indexed[ALPHA])
+    finally:
+        await mesh.close()
+
+
+def test_the_cli_works_unchanged_on_a_secure_stack(
+    secure_stack: Stack,
+    indexed: dict[str, list[str]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in [n for n in os.environ if n.startswith("RAGMESH_")]:
+        monkeypatch.delenv(name)
+    state = ["--state-dir", str(secure_stack.state_dir)]
+    try:
+        assert (
+            main([*state, "search", "request limits RESOURCE_EXHAUSTED", "--collection", ALPHA, "--json"])
+            == 0
+        )
+        assert "limits.md" in capsys.readouterr().out
+        assert main([*state, "status", "--collection", BETA, "--json"]) == 0  # ops reads every collection
+        assert '"indexed": 1' in capsys.readouterr().out
+    finally:
+        channels.use_state_dir(None)  # the CLI's profile is process-wide: leave none to later tests
+
+
+# ------------------------------------------------------------------ internal stages
+
+
+def internal_calls(
+    stack: Stack, chunk_ids: Sequence[str] = ("0" * 32,)
+) -> list[tuple[str, str, Callable[[aio.Channel], Awaitable[Any]]]]:
+    """One call to each internal stage that would hand out or change data: (component, name, call);
+    GetChunks asks for ``chunk_ids`` (tenant B's)."""
+    vector = common_pb2.Vector(values=[0.1] * 384)
+    passage = reranker_pb2.Passage(id="a", text="t")
+    excerpt = extractor_pb2.Passage(id="a", text="t")
+    return [
+        ("sparse", "GetChunks", lambda ch: sparse_pb2_grpc.SparseServiceStub(ch).GetChunks(
+            sparse_pb2.GetChunksRequest(collection=BETA, chunk_ids=list(chunk_ids)), timeout=5)),
+        ("sparse", "SearchBm25", lambda ch: sparse_pb2_grpc.SparseServiceStub(ch).SearchBm25(
+            sparse_pb2.SearchBm25Request(collection=BETA, query="zanzibarite", top_k=5), timeout=5)),
+        ("sparse", "Delete", lambda ch: sparse_pb2_grpc.SparseServiceStub(ch).Delete(
+            sparse_pb2.DeleteRequest(collection=BETA, doc_ids=["secret.md"]), timeout=5)),
+        *[
+            (f"index-{i}", "Search", lambda ch: index_pb2_grpc.IndexServiceStub(ch).Search(
+                index_pb2.SearchRequest(collection=BETA, vector=vector, top_k=5), timeout=5))
+            for i in range(stack.index_shards)
+        ],
+        ("index-0", "Delete", lambda ch: index_pb2_grpc.IndexServiceStub(ch).Delete(
+            index_pb2.DeleteRequest(collection=BETA, doc_ids=["secret.md"]), timeout=5)),
+        ("embedder", "Embed", lambda ch: embedder_pb2_grpc.EmbedderServiceStub(ch).Embed(
+            embedder_pb2.EmbedRequest(texts=["hello"]), timeout=5)),
+        ("planner", "Plan", lambda ch: planner_pb2_grpc.PlannerServiceStub(ch).Plan(
+            planner_pb2.PlanRequest(query="hello"), timeout=5)),
+        ("reranker", "Rerank", lambda ch: reranker_pb2_grpc.RerankerServiceStub(ch).Rerank(
+            reranker_pb2.RerankRequest(query="q", passages=[passage]), timeout=5)),
+        ("extractor", "Extract", lambda ch: extractor_pb2_grpc.ExtractorServiceStub(ch).Extract(
+            extractor_pb2.ExtractRequest(query="q", passages=[excerpt]), timeout=5)),
+        ("narrator", "Narrate", lambda ch: narrator_pb2_grpc.NarratorServiceStub(ch).Narrate(
+            narrator_pb2.NarrateRequest(query="q"), timeout=5)),
+    ]  # fmt: skip
+
+
+async def test_nobody_without_a_mesh_certificate_reaches_an_internal_stage(
+    secure_stack: Stack, indexed: dict[str, list[str]]
+) -> None:
+    ops = Mesh(secure_stack)
+    try:
+        secret_chunks = [hit.chunk_id for hit in await ops.bm25(BETA, "zanzibarite")]
+        assert secret_chunks
+        ca = secure_stack.client_tls().ca_file
+        anonymous: list[ClientTLS | None] = [None, ClientTLS(ca, server_name="localhost")]
+        outcomes = {}
+        for component, method, call in internal_calls(secure_stack, secret_chunks):
+            for tls in anonymous:
+                async with open_channel(secure_stack.address(component), tls=tls) as channel:
+                    outcomes[(component, method, tls is not None)] = await refused(call(channel))
+        # No TLS handshake without a certificate from the mesh CA: the call never reaches a handler.
+        assert set(outcomes.values()) == {grpc.StatusCode.UNAVAILABLE}, outcomes
+        # Tenant B's document is intact after the anonymous Delete attempts, in both stores.
+        chunks = await ops.sparse.GetChunks(
+            sparse_pb2.GetChunksRequest(collection=BETA, chunk_ids=secret_chunks), timeout=10
+        )
+        assert all("zanzibarite" in c.text for c in chunks.chunks) and len(chunks.chunks) == len(
+            secret_chunks
+        )
+        assert await ops.index_chunks(BETA) >= 1
+    finally:
+        await ops.close()
+
+
+async def test_each_identity_reaches_only_what_its_service_calls(
+    secure_stack: Stack, indexed: dict[str, list[str]]
+) -> None:
+    calls = {(c, m): call for c, m, call in internal_calls(secure_stack)}
+    denied = [
+        (EMBEDDER, "sparse", "Delete"),
+        (EMBEDDER, "sparse", "GetChunks"),
+        (GATEWAY, "sparse", "Delete"),
+        (GATEWAY, "index-0", "Delete"),
+        (INGESTION_WORKER, "sparse", "GetChunks"),
+        (INGESTION_WORKER, "index-1", "Search"),
+        (EXTRACTOR, "narrator", "Narrate"),
+        (INDEX, "embedder", "Embed"),
+        (SPARSE, "index-0", "Search"),
+        (INGESTION, "sparse", "SearchBm25"),
+    ]
+    for identity, component, method in denied:
+        async with open_channel(
+            secure_stack.address(component), tls=secure_stack.client_tls(identity)
+        ) as channel:
+            with pytest.raises(aio.AioRpcError) as err:
+                await calls[(component, method)](channel)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, (identity, component, method)
+        assert f"identity '{identity}' may not call" in (err.value.details() or "")
+    # The callers the mesh needs get through (GetChunks reads what the gateway hydrates).
+    for identity, component, method in [(GATEWAY, "sparse", "SearchBm25"), (EXTRACTOR, "embedder", "Embed")]:
+        async with open_channel(
+            secure_stack.address(component), tls=secure_stack.client_tls(identity)
+        ) as channel:
+            await calls[(component, method)](channel)
+
+
+# ------------------------------------------------------------------ tenants
+
+
+async def test_tenant_a_reaches_nothing_of_collection_b(
+    secure_stack: Stack, indexed: dict[str, list[str]]
+) -> None:
+    a = tenant(secure_stack, "tenant-a")
+    try:
+        gateway = gateway_pb2_grpc.GatewayServiceStub(a.channel("gateway"))
+        api = a.ingestion
+        ask = gw.AskRequest(collection=BETA, query="launch code word", mode=gw.ANSWER_MODE_EXTRACTIVE)
+        attempts: dict[str, Awaitable[Any]] = {
+            "Search": gateway.Search(gw.SearchRequest(collection=BETA, query="zanzibarite"), timeout=10),
+            "Ask": gateway.Ask(ask, timeout=10),
+            "AskStream": _drain(gateway.AskStream(gw.AskStreamRequest(request=ask), timeout=10)),
+            "GetDocumentStatus": api.GetDocumentStatus(
+                ing.GetDocumentStatusRequest(collection=BETA, doc_ids=["secret.md"]), timeout=10
+            ),
+            "GetCollectionStatus": api.GetCollectionStatus(
+                ing.GetCollectionStatusRequest(collection=BETA), timeout=10
+            ),
+            "ListDeadLetters(beta)": api.ListDeadLetters(
+                ing.ListDeadLettersRequest(collection=BETA), timeout=10
+            ),
+            "ListDeadLetters(all)": api.ListDeadLetters(ing.ListDeadLettersRequest(), timeout=10),
+            "ReplayDeadLetters(beta)": api.ReplayDeadLetters(
+                ing.ReplayDeadLettersRequest(collection=BETA), timeout=10
+            ),
+            "ReplayDeadLetters(all)": api.ReplayDeadLetters(ing.ReplayDeadLettersRequest(), timeout=10),
+            "DeleteDocuments": api.DeleteDocuments(
+                ing.DeleteDocumentsRequest(collection=BETA, doc_ids=["secret.md"]), timeout=10
+            ),
+            "IngestDocuments": a.ingest(BETA, [("planted.md", "# planted\n\nnot yours")]),
+        }
+        outcomes = {name: await refused(call) for name, call in attempts.items()}
+        assert set(outcomes.values()) == {grpc.StatusCode.PERMISSION_DENIED}, outcomes
+        # What A may list holds none of B; what A may search holds none of B's text; B's dead
+        # letter is still there for B.
+        b = tenant(secure_stack, "tenant-b")
+        letters = await b.ingestion.ListDeadLetters(ing.ListDeadLettersRequest(collection=BETA), timeout=10)
+        await b.close()
+        assert [d.doc_id for d in letters.dead_letters] == [BROKEN]
+        collections = await api.ListCollections(ing.ListCollectionsRequest(), timeout=10)
+        assert list(collections.collections) == [ALPHA]
+        mine = await gateway.Search(
+            gw.SearchRequest(collection=ALPHA, query="zanzibarite launch code"), timeout=10
+        )
+        assert all(r.doc_id in indexed[ALPHA] and "zanzibarite" not in r.text for r in mine.results)
+        # Without a key, or over plaintext, the public services refuse too.
+        async with open_channel(secure_stack.address("gateway"), tls=a.tls) as keyless:
+            search = gw.SearchRequest(collection=ALPHA, query="keys")
+            assert await refused(gateway_pb2_grpc.GatewayServiceStub(keyless).Search(search, timeout=10)) == (
+                grpc.StatusCode.UNAUTHENTICATED
+            )
+        async with aio.insecure_channel(secure_stack.address("ingestion")) as plaintext:
+            request = ing.ListCollectionsRequest()
+            stub = ingestion_pb2_grpc.IngestionServiceStub(plaintext)
+            assert await refused(stub.ListCollections(request, timeout=10)) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await a.close()
+
+
+async def _drain(stream: Any) -> list[Any]:
+    return [event async for event in stream]
+
+
+# ------------------------------------------------------------------ NATS and S3
+
+
+PROBE = "test-probe"
+
+
+def nats_settings(stack: Stack, user: str | None, password: str | None = None) -> MeshSettings:
+    passwords = stack.secrets.nats_passwords() if stack.secrets else {}
+    return MeshSettings(
+        nats_url=f"tls://{stack.address('nats')}",
+        nats_user=user or "",
+        nats_password=password if password is not None else passwords.get(user or "", ""),
+        tls_ca_file=stack.client_tls().ca_file,
+    )
+
+
+async def connect(settings: MeshSettings, errors: list[str] | None = None) -> nats.NATS:
+    async def on_error(exc: Exception) -> None:
+        if errors is not None:
+            errors.append(str(exc))
+
+    return await nats.connect(
+        **connect_options(settings), name=PROBE, allow_reconnect=False, connect_timeout=3, error_cb=on_error
+    )
+
+
+async def test_nats_admits_only_its_users_and_each_only_to_its_subjects(
+    secure_stack: Stack, indexed: dict[str, list[str]]
+) -> None:
+    for who, settings in {
+        "no user": nats_settings(secure_stack, None),
+        "wrong password": nats_settings(secure_stack, INGESTION_WORKER, "guess"),
+        "plaintext": nats_settings(secure_stack, INGESTION_WORKER).model_copy(
+            update={"nats_url": f"nats://{secure_stack.address('nats')}", "tls_ca_file": None}
+        ),
+    }.items():
+        with pytest.raises((nats.errors.Error, OSError, TimeoutError)):
+            nc = await connect(settings)
+            await nc.close()
+            raise AssertionError(f"{who}: connected")
+
+    errors: list[str] = []
+    worker = await connect(nats_settings(secure_stack, INGESTION_WORKER), errors)
+    try:
+        js = worker.jetstream(timeout=2)
+        # Its own business works: it reads the ingest stream's state ...
+        assert (await js.stream_info("RAGMESH_INGEST")).config.name == "RAGMESH_INGEST"
+        # ... but it may not forge ingest events, write another store's log, or drop a stream.
+        for publish in (
+            js.publish("ragmesh.ingest.beta", b"{}"),
+            js.publish("ragmesh.log.index.0", b"{}"),
+            js.delete_stream("RAGMESH_INGEST_DLQ"),
+        ):
+            with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
+                await publish
+        await asyncio.sleep(0.2)
+    finally:
+        await worker.close()
+    for subject in ("ragmesh.ingest.beta", "ragmesh.log.index.0", "$js.api.stream.delete.ragmesh_ingest_dlq"):
+        assert any("permissions violation" in e.lower() and subject in e.lower() for e in errors), (
+            subject,
+            errors,
+        )
+
+    errors.clear()
+    index = await connect(nats_settings(secure_stack, INDEX), errors)
+    try:
+        # The index's user may not read the ingestion state (document records) either.
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
+            await index.jetstream(timeout=2).get_msg("KV_ragmesh_doc_records", 1)
+        await asyncio.sleep(0.2)
+    finally:
+        await index.close()
+    assert any("permissions violation" in e.lower() for e in errors), errors
+    # The mesh's own traffic (queueing, consuming, state, dead letters, advisories) stayed within
+    # its grants: the only violations the server saw are this test's.
+    violations = [
+        line for line in secure_stack.log_path("nats").read_text().splitlines() if "Violation" in line
+    ]
+    assert len(violations) == 4 and all(PROBE in line for line in violations), violations
+
+
+def s3(stack: Stack, identity: str) -> ObjectStore:
+    assert stack.secrets is not None
+    key = stack.secrets.s3_key(identity)
+    return ObjectStore(
+        stack.address("s3"),
+        key.access_key,
+        key.secret_key,
+        secure=True,
+        ca_file=stack.client_tls().ca_file,
+        timeout_s=5,
+    )
+
+
+async def test_s3_keys_reach_only_their_buckets(secure_stack: Stack, indexed: dict[str, list[str]]) -> None:
+    # The documents tenants ingested are there, for the services that handle them.
+    assert await s3(secure_stack, INGESTION_WORKER).list_keys(DOCUMENTS)
+    assert await s3(secure_stack, OPS).list_keys(DOCUMENTS)
+    denied = [
+        (INDEX, lambda store: store.list_keys(DOCUMENTS)),
+        (SPARSE, lambda store: store.get(DOCUMENTS, "anything")),
+        (INGESTION, lambda store: store.list_keys(SNAPSHOTS)),
+        (INGESTION_WORKER, lambda store: store.put(SNAPSHOTS, "index/planted", b"x")),
+        ("reranker", lambda store: store.put(MODELS, "planted/model.onnx", b"x")),
+        ("reranker", lambda store: store.list_keys(DOCUMENTS)),
+    ]
+    for identity, attempt in denied:
+        with pytest.raises(S3Error) as err:
+            await attempt(s3(secure_stack, identity))
+        assert err.value.code == "AccessDenied", identity
+    # Plain HTTP gets no answer from the HTTPS port.
+    assert secure_stack.secrets is not None
+    key = secure_stack.secrets.s3_key(OPS)
+    plain = ObjectStore(secure_stack.address("s3"), key.access_key, key.secret_key, secure=False, timeout_s=5)
+    with pytest.raises(InvalidResponseError):
+        await plain.list_keys(DOCUMENTS)
+
+
+def environ(pid: int | None) -> dict[str, str]:
+    assert pid is not None
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_each_process_holds_only_its_own_credentials(secure_stack: Stack) -> None:
+    assert secure_stack.secrets is not None
+    passwords = secure_stack.secrets.nats_passwords()
+    for name in secure_stack.names():
+        component = secure_stack.component(name)
+        env = environ(component.pid)
+        identity = IDENTITY_OF_KIND.get(component.kind)
+        assert "RAGMESH_API_KEY" not in env, name  # the ops key stays with the operator
+        if identity is None:  # NATS, S3: no credentials of anyone
+            held = {"RAGMESH_S3_SECRET_KEY", "RAGMESH_NATS_PASSWORD", "RAGMESH_TLS_KEY_FILE"} & set(env)
+            assert not held and "RAGMESH_TLS_CLIENT_KEY_FILE" not in env, (name, held)
+            continue
+        assert env["RAGMESH_SERVICE_AUTH"] == "mtls"
+        assert env["RAGMESH_TLS_KEY_FILE"].endswith(f"/{identity}.key"), name
+        assert env.get("RAGMESH_NATS_PASSWORD") == passwords.get(identity), name
+        if identity in S3_GRANTS:
+            assert env["RAGMESH_S3_SECRET_KEY"] == secure_stack.secrets.s3_key(identity).secret_key
+        else:
+            assert "RAGMESH_S3_SECRET_KEY" not in env, name
