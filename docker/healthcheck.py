@@ -101,7 +101,7 @@ def grpc_serving(port: int, service: str, server_name: str = "") -> bool:
 def http_ok(port: int, path: str) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=TIMEOUT_S) as reply:
-            return 200 <= reply.status < 300
+            return bool(200 <= reply.status < 300)
     except (urllib.error.URLError, OSError) as exc:
         print(f"unhealthy: {exc}", file=sys.stderr)
         return False

@@ -76,6 +76,7 @@ class Server:
 def local_conf(text: str, server: Server, all_servers: list[Server], tls_dir: Path) -> str:
     """The shipped file with a pod's hosts, ports and paths swapped for this machine's."""
     text = text.replace("/etc/nats/tls/", f"{tls_dir}/")
+    text = text.replace("/var/run/nats/", f"{server.store}-")
     text = re.sub(r"(?m)^(\s*store_dir:) /data$", rf"\1 {server.store}", text)
     text = re.sub(r"(?m)^port: 4222$", f"port: {server.client}\nhost: 127.0.0.1", text)
     text = re.sub(r"(?m)^http_port: 8222$", f"http: 127.0.0.1:{server.monitor}", text)
