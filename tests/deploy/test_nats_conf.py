@@ -11,6 +11,7 @@ like index/sparse use) and is refused outside its streams; streams and KV bucket
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -357,6 +358,47 @@ async def test_store_users_keep_to_their_own_log(as_user: Callable[[str], Awaita
     assert await index.refused(
         index.quick.delete_stream("RAGMESH_LOG_INDEX"), "STREAM.DELETE.RAGMESH_LOG_INDEX"
     )
+
+
+def _route_peers(server: Server) -> set[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor}/routez", timeout=2) as reply:
+        routes = json.loads(reply.read())["routes"] or []
+    return {r.get("remote_name", "") for r in routes}
+
+
+def test_a_mesh_certificate_cannot_join_as_a_route(
+    cluster: list[Server], pki: TestCA, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Every mesh service holds a certificate from the same CA: a server presenting one that does
+    not name a route host (here the embedder's) is refused by the cluster."""
+    base = tmp_path_factory.mktemp("intruder")
+    tls_dir = base / "tls"
+    tls_dir.mkdir()
+    stolen = pki.issue("embedder", ["embedder"])
+    shutil.copy(stolen.cert, tls_dir / "tls.crt")
+    shutil.copy(stolen.key, tls_dir / "tls.key")
+    shutil.copy(pki.ca_file, tls_dir / "ca.crt")
+    intruder = Server(
+        "intruder", _free_port(), _free_port(), _free_port(), base / "data", base / "intruder.conf"
+    )
+    intruder.conf.write_text(local_conf(CONF.read_text(), intruder, cluster, tls_dir))
+    env = {**os.environ, **{f"NATS_PASSWORD_{u.upper().replace('-', '_')}": p for u, p in PASSWORDS.items()}}
+    log = base / "intruder.log"
+    proc = subprocess.Popen(
+        [str(NATS_SERVER), "--config", str(intruder.conf)],
+        env={**env, "POD_NAME": "intruder"},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        time.sleep(4)  # several route attempts (the intruder dials the cluster's route ports)
+        assert proc.poll() is None, log.read_text()[-2000:]
+        for server in cluster:
+            assert "intruder" not in _route_peers(server)
+        assert _route_peers(cluster[1]) >= {"nats-0", "nats-2"}  # the real peers are routed
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
 
 
 async def test_replicated_streams_survive_a_killed_server(cluster: list[Server], pki: TestCA) -> None:
