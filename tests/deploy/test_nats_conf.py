@@ -19,6 +19,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -240,6 +241,35 @@ async def test_no_credentials_or_plaintext_is_refused(cluster: list[Server], pki
             allow_reconnect=False,
             connect_timeout=3,
         )
+
+
+def test_a_client_set_up_only_by_the_pod_environment_connects(cluster: list[Server], pki: TestCA) -> None:
+    """What the pods have: a tls:// URL, SSL_CERT_FILE (the mesh CA, base/mesh-tls.env) and the
+    user from the Secret; nats-py then verifies the server against the mesh CA by itself."""
+    code = (
+        "import asyncio, os, nats\n"
+        "async def main():\n"
+        "    nc = await nats.connect(servers=[os.environ['URL']], user='index',"
+        " password=os.environ['PW'], allow_reconnect=False, connect_timeout=5)\n"
+        "    await nc.close()\n"
+        "asyncio.run(main())\n"
+    )
+    env = {**os.environ, "URL": f"tls://localhost:{cluster[1].client}", "PW": PASSWORDS["index"]}
+    ok = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "SSL_CERT_FILE": str(pki.ca_file)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    # Without the mesh CA the server's certificate is not trusted.
+    env.pop("SSL_CERT_FILE", None)
+    refused = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert refused.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in refused.stderr
 
 
 async def test_bootstrap_declares_the_ingestion_topology_replicated(
