@@ -232,21 +232,40 @@ def _peer_matches(peer: Mapping[str, Any], policy_ns: Mapping[str, str], other: 
 
 
 def _rule_allows(
-    rule: Mapping[str, Any], peers_key: str, ns: Mapping[str, str], other: Pod | External, port: int
+    rule: Mapping[str, Any],
+    peers_key: str,
+    ns: Mapping[str, str],
+    other: Pod | External,
+    port: int,
+    port_names: Mapping[str, int],
 ) -> bool:
     peers = rule.get(peers_key)
     if peers and not any(_peer_matches(p, ns, other) for p in peers):
         return False
     ports = rule.get("ports")
-    return not ports or any(_port_matches(p, port) for p in ports)
+    return not ports or any(_port_matches(p, port, port_names) for p in ports)
 
 
-def _port_matches(spec: Mapping[str, Any], port: int) -> bool:
+def _port_matches(spec: Mapping[str, Any], port: int, port_names: Mapping[str, int]) -> bool:
+    """`port_names`: the destination pod's named container ports (a policy may name a port)."""
     if "port" not in spec:
         return True
-    low = int(spec["port"]) if str(spec["port"]).isdigit() else -1
+    value = spec["port"]
+    low = int(value) if str(value).isdigit() else port_names.get(str(value), -1)
     high = int(spec.get("endPort", low))
     return low <= port <= high
+
+
+def _port_names(pod: Pod | External) -> dict[str, int]:
+    target = pod.pod if isinstance(pod, External) else pod
+    if target is None:
+        return {}
+    return {
+        p["name"]: int(p["containerPort"])
+        for c in target.spec.get("containers", [])
+        for p in c.get("ports", [])
+        if "name" in p
+    }
 
 
 class Policies:
@@ -272,7 +291,10 @@ class Policies:
         specs = self._selecting(dst, "Ingress")
         if not specs:
             return True
-        return any(_rule_allows(r, "from", self.ns, src, port) for s in specs for r in s.get("ingress") or [])
+        names = _port_names(dst)
+        return any(
+            _rule_allows(r, "from", self.ns, src, port, names) for s in specs for r in s.get("ingress") or []
+        )
 
     def egress_allows(self, src: Pod, dst: Pod | External, port: int) -> bool:
         if not src.in_namespace:
@@ -280,7 +302,10 @@ class Policies:
         specs = self._selecting(src, "Egress")
         if not specs:
             return True
-        return any(_rule_allows(r, "to", self.ns, dst, port) for s in specs for r in s.get("egress") or [])
+        names = _port_names(dst)
+        return any(
+            _rule_allows(r, "to", self.ns, dst, port, names) for s in specs for r in s.get("egress") or []
+        )
 
     def connects(self, src: Pod | External, dst: Pod | External, port: int) -> bool:
         src_ok = self.egress_allows(src, dst, port) if isinstance(src, Pod) else True

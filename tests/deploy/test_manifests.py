@@ -147,6 +147,34 @@ def _llm_egress_open(docs: Docs) -> None:
     )
 
 
+def _named_port_backdoor(docs: Docs) -> None:
+    """Sparse out to any pod's port, and any pod in to the embedder's, named not numbered."""
+    docs.append(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "sparse-debug", "namespace": "ragmesh"},
+            "spec": {
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "sparse"}},
+                "policyTypes": ["Egress"],
+                "egress": [{"ports": [{"port": "grpc"}]}],
+            },
+        }
+    )
+    docs.append(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "embedder-debug", "namespace": "ragmesh"},
+            "spec": {
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "embedder"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {}}], "ports": [{"port": "grpc"}]}],
+            },
+        }
+    )
+
+
 def _grpc_probe(docs: Docs) -> None:
     _container(docs, "index")["readinessProbe"] = {"grpc": {"port": 50051}}
 
@@ -200,6 +228,7 @@ MUTATIONS: dict[str, tuple[Callable[[Docs], None], str]] = {
     "published gateway without TLS": (_no_mesh_tls, "serving without TLS"),
     "every ragmesh pod reaches every other": (_allow_internal, "embedder may connect to nats:4222"),
     "the LLM may download": (_llm_egress_open, "llm may connect out to the internet:443"),
+    "a named-port backdoor": (_named_port_backdoor, "sparse may connect to embedder:50051"),
     "a kubelet gRPC probe": (_grpc_probe, "index's readinessProbe is a kubelet gRPC probe"),
     "another identity's certificate": (_no_identity_volume, "not in its own Secret ragmesh-tls-sparse"),
     "MinIO's root user in a service": (_root_s3_user, "index gets MinIO's root user"),
