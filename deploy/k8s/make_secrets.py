@@ -8,7 +8,8 @@ start). This writes them:
 
 * ``ragmesh-tls-<name>`` (type kubernetes.io/tls: tls.crt, tls.key, ca.crt), one per mesh
   identity and for the NATS and MinIO servers, from PKI_DIR (``ca.crt``, ``<name>.crt``,
-  ``<name>.key``, as ``ragmesh certs new --dir PKI_DIR --k8s-namespace ragmesh`` writes them;
+  ``<name>.key``, MinIO's as ``s3.crt``/``s3.key``: what ``ragmesh certs new --dir PKI_DIR
+  --namespace ragmesh`` writes;
   cert-manager can make the same Secrets instead, README). Each certificate is checked first:
   signed by ca.crt, the identity's URI SAN, and the DNS names the mesh dials it by.
 * ``ragmesh-nats-<user>``, ``ragmesh-s3-<user>``, ``ragmesh-s3-root``, ``ragmesh-llm``: random
@@ -49,16 +50,17 @@ IDENTITIES = (
     "extractor",
     "narrator",
 )
-# Servers that are not mesh identities but serve TLS from the mesh CA: the name each is dialled by.
+# Servers that are not mesh identities but serve TLS from the mesh CA: the names each is dialled
+# by (NATS: by clients, RAGMESH_NATS_URL, and by its peers, nats.conf's routes).
 SERVER_NAMES: dict[str, tuple[str, ...]] = {
     "nats": (
-        "nats",
-        "nats-0.nats-cluster.ragmesh.svc.cluster.local",
-        "nats-1.nats-cluster.ragmesh.svc.cluster.local",
-        "nats-2.nats-cluster.ragmesh.svc.cluster.local",
+        *(f"nats-{n}.nats.ragmesh.svc" for n in range(3)),
+        *(f"nats-{n}.nats.ragmesh.svc.cluster.local" for n in range(3)),
     ),
     "minio": ("minio",),
 }
+# The PKI's file name of a server, where `ragmesh certs new` names it otherwise (meshkit.pki).
+PKI_FILE = {"minio": "s3"}
 NATS_USERS = ("ingestion", "ingestion-worker", "index", "sparse", "bootstrap")
 S3_USERS = ("ingestion", "ingestion-worker", "index", "sparse", "reranker", "llm", "bootstrap")
 TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
@@ -133,25 +135,27 @@ def check_certificate(
     try:
         cert.verify_directly_issued_by(ca)
     except (ValueError, TypeError, InvalidSignature) as exc:
-        raise SecretsError(f"{name}.crt is not signed by ca.crt ({type(exc).__name__})") from exc
+        raise SecretsError(f"the {name} certificate is not signed by ca.crt ({type(exc).__name__})") from exc
     key = serialization.load_pem_private_key(key_pem, password=None)
     public = serialization.PublicFormat.SubjectPublicKeyInfo
     if key.public_key().public_bytes(serialization.Encoding.PEM, public) != cert.public_key().public_bytes(
         serialization.Encoding.PEM, public
     ):
-        raise SecretsError(f"{name}.key is not the key of {name}.crt")
+        raise SecretsError(f"the {name} key is not the key of its certificate")
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound as exc:
-        raise SecretsError(f"{name}.crt has no subject alternative names") from exc
+        raise SecretsError(f"the {name} certificate has no subject alternative names") from exc
     if name in IDENTITIES and f"spiffe://ragmesh/{name}" not in san.get_values_for_type(
         x509.UniformResourceIdentifier
     ):
-        raise SecretsError(f"{name}.crt lacks the URI SAN spiffe://ragmesh/{name}")
+        raise SecretsError(f"the {name} certificate lacks the URI SAN spiffe://ragmesh/{name}")
     dns = san.get_values_for_type(x509.DNSName)
     missing = sorted(h for h in hosts if not any(name_matches(d, h) for d in dns))
     if missing:
-        raise SecretsError(f"{name}.crt does not name {', '.join(missing)} (the mesh dials it by these)")
+        raise SecretsError(
+            f"the {name} certificate does not name {', '.join(missing)} (it is dialled by these)"
+        )
     try:
         usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
     except x509.ExtensionNotFound:
@@ -159,7 +163,7 @@ def check_certificate(
     # One certificate serves and calls (the mesh), or serves and routes (NATS).
     wanted = {x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH}
     if name != "minio" and not wanted <= usages:
-        raise SecretsError(f"{name}.crt must allow both serverAuth and clientAuth")
+        raise SecretsError(f"the {name} certificate must allow both serverAuth and clientAuth")
 
 
 def tls_secrets(pki: Path, gateway_names: Iterable[str]) -> dict[str, dict[str, bytes]]:
@@ -168,7 +172,8 @@ def tls_secrets(pki: Path, gateway_names: Iterable[str]) -> dict[str, dict[str, 
     hosts.setdefault("gateway", set()).update(gateway_names)
     out: dict[str, dict[str, bytes]] = {}
     for name in (*IDENTITIES, *SERVER_NAMES):
-        cert, key = _read(pki / f"{name}.crt"), _read(pki / f"{name}.key")
+        stem = PKI_FILE.get(name, name)
+        cert, key = _read(pki / f"{stem}.crt"), _read(pki / f"{stem}.key")
         wanted = set(SERVER_NAMES.get(name, ())) | hosts.get(name, set())
         check_certificate(name, cert, key, ca, wanted)
         out[f"ragmesh-tls-{name}"] = {"tls.crt": cert, "tls.key": key, "ca.crt": ca}

@@ -86,7 +86,7 @@ def local_conf(text: str, server: Server, all_servers: list[Server], tls_dir: Pa
     text = text.replace("max_file_store: 8GB", "max_file_store: 256MB")
     for i, other in enumerate(all_servers):
         text = text.replace(
-            f"nats-route://nats-{i}.nats-cluster.ragmesh.svc.cluster.local:6222",
+            f"nats-route://nats-{i}.nats.ragmesh.svc.cluster.local:6222",
             f"nats-route://localhost:{other.routes}",
         )
     assert "nats-route://nats-" not in text and f"store_dir: {server.store}" in text, (
@@ -177,7 +177,12 @@ async def connect(
     servers: list[Server], pki: TestCA, user: str | None, password: str | None = None
 ) -> Client:
     urls = [f"tls://localhost:{s.client}" for s in servers if s.proc is not None and s.proc.poll() is None]
-    creds = {"user": user, "password": password or PASSWORDS[user]} if user else {}
+    # Each user's replies come on its own inbox prefix, as meshkit.natsconn sets it up.
+    creds = (
+        {"user": user, "password": password or PASSWORDS[user], "inbox_prefix": f"_INBOX_{user}"}
+        if user
+        else {}
+    )
     violations: list[str] = []
 
     async def on_error(exc: Exception) -> None:
@@ -249,8 +254,9 @@ def test_a_client_set_up_only_by_the_pod_environment_connects(cluster: list[Serv
     code = (
         "import asyncio, os, nats\n"
         "async def main():\n"
-        "    nc = await nats.connect(servers=[os.environ['URL']], user='index',"
+        "    nc = await nats.connect(servers=[os.environ['URL']], user='index', inbox_prefix='_INBOX_index',"
         " password=os.environ['PW'], allow_reconnect=False, connect_timeout=5)\n"
+        "    await nc.jetstream(timeout=5).account_info()\n"
         "    await nc.close()\n"
         "asyncio.run(main())\n"
     )
@@ -338,7 +344,16 @@ async def test_ingestion_api_and_worker_do_their_jobs(as_user: Callable[[str], A
     assert letter.data == b"poison"
     await api.js.delete_msg(settings.ingest_dlq_stream, dead.seq)
 
-    # Refused: the API taking work from the workers' queue; either touching a store's log;
+    # Refused: reading the replies of other users (the shared inbox, or another user's);
+    await api.nc.subscribe("_INBOX.>")
+    await api.nc.subscribe("_INBOX_ingestion-worker.>")
+    await api.nc.flush()
+    for _ in range(50):
+        if sum("subscription" in v for v in api.violations) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    assert sum("subscription" in v for v in api.violations) >= 2, api.violations
+    # the API taking work from the workers' queue; either touching a store's log;
     # deleting a stream, a bucket or the shared consumer.
     api_sub = await api.js.pull_subscribe_bind(settings.ingest_consumer, stream=settings.ingest_stream)
     assert await api.refused(api_sub.fetch(1, timeout=2), "MSG.NEXT.RAGMESH_INGEST")
@@ -366,7 +381,11 @@ async def test_store_users_keep_to_their_own_log(as_user: Callable[[str], Awaita
             await js.add_stream(
                 StreamConfig(name=stream, subjects=[f"ragmesh.log.{store}.>"], num_replicas=SERVERS)
             )
-        wake = await client.nc.subscribe(f"ragmesh.log.{store}.>")  # the appliers' wake-up
+        wake = await client.nc.subscribe(f"ragmesh.log.{store}.>")
+        tick = await client.nc.subscribe(f"ragmesh.logtick.{store}.0")  # the appliers' wake-up
+        await client.nc.publish(f"ragmesh.logtick.{store}.0", b"")
+        assert (await tick.next_msg(timeout=5)).data == b""
+        await tick.unsubscribe()
         first = await js.publish(f"ragmesh.log.{store}.0", b"entry-1", stream=stream)
         await js.publish(f"ragmesh.log.{store}.0", b"entry-2", stream=stream)
         assert (await wake.next_msg(timeout=5)).data == b"entry-1"

@@ -25,17 +25,27 @@ check_manifests = load_deploy_module("check_manifests")
 users = load_deploy_module("base/s3/users")
 
 
+def k8s_names(service: str) -> list[str]:
+    """The names `ragmesh certs new --namespace ragmesh` gives a certificate (meshkit.pki)."""
+    svc = f"{service}.ragmesh.svc"
+    return [
+        service,
+        "localhost",
+        f"{service}.ragmesh",
+        svc,
+        f"*.{svc}",
+        f"{svc}.cluster.local",
+        f"*.{svc}.cluster.local",
+    ]
+
+
 def good_pki(directory: Path) -> TestCA:
-    """A PKI as `ragmesh certs new --k8s-namespace ragmesh` is to write it."""
+    """A PKI shaped as `ragmesh certs new --dir D --namespace ragmesh` writes it."""
     ca = TestCA(directory)
-    hosts = make_secrets.dialled_hosts()
     for identity in make_secrets.IDENTITIES:
-        names = [*sorted(hosts.get(identity, set())), "localhost"]
-        if identity == "index":
-            names.append("*.index")
-        ca.issue(identity, names)
-    for server, names in make_secrets.SERVER_NAMES.items():
-        ca.issue(server, [*names, f"{server}.ragmesh.svc"], ips=())
+        ca.issue(identity, k8s_names(identity))
+    ca.issue("nats", k8s_names("nats"), ips=())
+    ca.issue("s3", ["s3", *k8s_names("minio")], ips=())
     return ca
 
 
@@ -108,11 +118,14 @@ def test_credentials_are_kept_across_runs(tmp_path: Path, api_keys: Path) -> Non
 @pytest.mark.parametrize(
     ("breakage", "message"),
     [
-        ("missing-name", "does not name index-1.index"),
-        ("other-ca", "index.crt is not signed by ca.crt"),
-        ("wrong-key", "index.key is not the key of index.crt"),
+        ("missing-name", r"index certificate does not name index-0\.index\.ragmesh\.svc, index-1"),
+        ("other-ca", "the index certificate is not signed by ca.crt"),
+        ("wrong-key", "the index key is not the key of its certificate"),
         ("no-identity", "lacks the URI SAN spiffe://ragmesh/index"),
-        ("nats-route-name", r"nats\.crt does not name nats-1\.nats-cluster\S*, nats-2\.nats-cluster"),
+        (
+            "nats-route-name",
+            r"nats certificate does not name nats-1\.nats\.ragmesh\.svc\.cluster\.local, nats-2",
+        ),
     ],
 )
 def test_refuses_certificates_the_mesh_cannot_use(
@@ -120,19 +133,19 @@ def test_refuses_certificates_the_mesh_cannot_use(
 ) -> None:
     ca = good_pki(tmp_path / "pki")
     if breakage == "missing-name":
-        ca.issue("index", ["index-0.index"])
+        ca.issue("index", ["index", "index.ragmesh.svc"])  # no name for its pods
     elif breakage == "other-ca":
-        other = TestCA(tmp_path / "other").issue("index", ["*.index"])
+        other = TestCA(tmp_path / "other").issue("index", k8s_names("index"))
         shutil.copy(other.cert, ca.dir / "index.crt")
         shutil.copy(other.key, ca.dir / "index.key")
     elif breakage == "wrong-key":
         shutil.copy(ca.dir / "sparse.key", ca.dir / "index.key")
     elif breakage == "no-identity":
-        ca.issue("index-bad", ["*.index"])
+        ca.issue("index-bad", k8s_names("index"))
         shutil.copy(ca.dir / "index-bad.crt", ca.dir / "index.crt")
         shutil.copy(ca.dir / "index-bad.key", ca.dir / "index.key")
     elif breakage == "nats-route-name":
-        ca.issue("nats", ["nats", "nats-0.nats-cluster.ragmesh.svc.cluster.local"], ips=())
+        ca.issue("nats", ["nats-0.nats.ragmesh.svc.cluster.local", "*.nats.ragmesh.svc"], ips=())
     with pytest.raises(make_secrets.SecretsError, match=message):
         make_secrets.build(tmp_path / "pki", api_keys, tmp_path / "out", "ragmesh")
 
