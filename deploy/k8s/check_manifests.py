@@ -477,6 +477,9 @@ def check_identity(r: Rendered) -> list[str]:
             env = r.env(c)
             if env.get("RAGMESH_SERVICE_AUTH") != "mtls":
                 findings.append(f"identity: {pod.name} runs without RAGMESH_SERVICE_AUTH=mtls")
+            if env.get("RAGMESH_HEALTH_PORT", "0").strip() not in ("", "0"):
+                # A plaintext port on the pod's address: the exec probe speaks mTLS instead.
+                findings.append(f"identity: {pod.name} opens a plaintext health port (RAGMESH_HEALTH_PORT)")
             mounts = _mounts(pod, c)
             for setting in TLS_SETTINGS:
                 path = env.get(setting, "")

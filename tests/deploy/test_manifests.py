@@ -179,6 +179,12 @@ def _grpc_probe(docs: Docs) -> None:
     _container(docs, "index")["readinessProbe"] = {"grpc": {"port": 50051}}
 
 
+def _plaintext_health_port(docs: Docs) -> None:
+    _container(docs, "embedder").setdefault("env", []).append(
+        {"name": "RAGMESH_HEALTH_PORT", "value": "8086"}
+    )
+
+
 def _no_identity_volume(docs: Docs) -> None:
     spec = _workload(docs, "sparse")["spec"]["template"]["spec"]
     for v in spec["volumes"]:
@@ -231,6 +237,7 @@ MUTATIONS: dict[str, tuple[Callable[[Docs], None], str]] = {
     "a named-port backdoor": (_named_port_backdoor, "sparse may connect to embedder:50051"),
     "a kubelet gRPC probe": (_grpc_probe, "index's readinessProbe is a kubelet gRPC probe"),
     "another identity's certificate": (_no_identity_volume, "not in its own Secret ragmesh-tls-sparse"),
+    "a plaintext health port": (_plaintext_health_port, "embedder opens a plaintext health port"),
     "MinIO's root user in a service": (_root_s3_user, "index gets MinIO's root user"),
     "another service's NATS user": (_other_service_nats_user, "index logs in as another service"),
     "a committed placeholder Secret": (_placeholder_secret, "holds a placeholder value"),
