@@ -26,6 +26,8 @@ What must hold (docs: deploy/k8s/README.md "Security"):
 
 from __future__ import annotations
 
+import base64
+import functools
 import importlib.util
 import ipaddress
 import re
@@ -172,6 +174,7 @@ class Rendered:
         return env
 
 
+@functools.cache
 def _catalogue() -> dict[str, tuple[str, ...]]:
     spec = importlib.util.spec_from_file_location("ragmesh_make_secrets", HERE / "make_secrets.py")
     assert spec is not None and spec.loader is not None
@@ -541,8 +544,6 @@ def check_credentials(r: Rendered) -> list[str]:
     catalogue = _catalogue()
     for secret in r.of("Secret"):
         values = [*(secret.get("stringData") or {}).values(), *(secret.get("data") or {}).values()]
-        import base64
-
         decoded = []
         for v in values:
             try:
