@@ -33,6 +33,9 @@ CA_NAME = "ca"
 CA_COMMON_NAME = "ragmesh mesh CA"
 # Servers of the infrastructure and the DNS names their Kubernetes Services have.
 INFRA_SERVERS: dict[str, tuple[str, ...]] = {"nats": ("nats",), "s3": ("s3", "minio")}
+# Infrastructure servers that also dial each other with their certificate: NATS cluster routes
+# are mutual TLS, so a NATS certificate without client usage cannot join its own cluster.
+INFRA_PEERS = frozenset({"nats"})
 LOOPBACK_NAMES = ("localhost",)
 LOOPBACK_IPS = ("127.0.0.1",)
 CLOCK_SKEW = datetime.timedelta(minutes=5)
@@ -225,6 +228,8 @@ def write_pki(
         _write_pair(files, identity, issued)
     if infra:
         for server, names in INFRA_SERVERS.items():
-            issued = issue(ca, server, dns_names=dns_for(names[-1], names), client=False, days=days)
+            issued = issue(
+                ca, server, dns_names=dns_for(names[-1], names), client=server in INFRA_PEERS, days=days
+            )
             _write_pair(files, server, issued)
     return files

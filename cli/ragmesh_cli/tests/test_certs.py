@@ -15,7 +15,7 @@ from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from meshkit.identity import GATEWAY, INGESTION_WORKER, MESH_IDENTITIES, OPS, certificate_identity, spiffe_id
-from meshkit.pki import INFRA_SERVERS, PKIFiles
+from meshkit.pki import INFRA_PEERS, INFRA_SERVERS, PKIFiles
 from ragmesh_cli.main import main
 from ragmesh_cli.natsconf import USER_GRANTS, nats_config, permissions
 from ragmesh_cli.secure import SecureMaterial
@@ -71,7 +71,8 @@ def test_every_identity_gets_a_certificate_that_verifies_for_its_names(pki: PKIF
         assert "*.index.ragmesh.svc" in sans(load(pki.cert("index"))).get_values_for_type(x509.DNSName)
     for server_name, names in INFRA_SERVERS.items():
         cert = load(pki.cert(server_name))
-        assert usages(cert) == {ExtendedKeyUsageOID.SERVER_AUTH}
+        routes = {ExtendedKeyUsageOID.CLIENT_AUTH} if server_name in INFRA_PEERS else set()
+        assert usages(cert) == {ExtendedKeyUsageOID.SERVER_AUTH} | routes
         assert certificate_identity(pki.cert(server_name).read_bytes()) is None
         assert set(names) <= set(sans(cert).get_values_for_type(x509.DNSName))
 
