@@ -32,3 +32,7 @@ RESTORES = Counter(
     "ragmesh_index_snapshot_restores_total", "Collections restored from the object store.", ["result"]
 )
 REBUILDS = Counter("ragmesh_index_rebuilds_total", "Index rebuilds by target index type.", ["index_type"])
+QUARANTINED = Gauge(
+    "ragmesh_index_quarantined_collections", "Collections out of service on this replica (see its log)."
+)
+QUARANTINES = Counter("ragmesh_index_quarantines_total", "Collections quarantined on this replica.")
