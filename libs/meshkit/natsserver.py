@@ -78,10 +78,9 @@ class NatsServer:
         while True:
             if self._proc is not None and self._proc.poll() is not None:
                 raise RuntimeError(f"nats-server exited with {self._proc.returncode}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(url, timeout=1) as reply:
-                    if reply.status == 200:
-                        return
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as reply:
+                if reply.status == 200:
+                    return
             if time.monotonic() > deadline:
                 raise RuntimeError("nats-server did not become ready")
             time.sleep(0.05)

@@ -106,9 +106,7 @@ async def make_replica(
     async def on_reset(log_id: str) -> None:
         await holder["r"].on_reset(log_id)
 
-    log = ReplicatedLog(
-        transport, apply, poll_s=settings.store_log_poll_s, on_gap=on_gap, on_reset=on_reset
-    )
+    log = ReplicatedLog(transport, apply, poll_s=settings.store_log_poll_s, on_gap=on_gap, on_reset=on_reset)
     replica = Replica(log)
     holder["r"] = replica
     made.append(replica)
@@ -266,7 +264,12 @@ async def test_a_recreated_log_restarts_positions(
         writer = await make_replica(replicas, server, shard)
         await writer.log.submit(b"new0", 10)
         log = ReplicatedLog(
-            a.log.transport, a.apply, poll_s=0.2, on_gap=a.on_gap, on_reset=a.on_reset, positions=a.log.positions
+            a.log.transport,
+            a.apply,
+            poll_s=0.2,
+            on_gap=a.on_gap,
+            on_reset=a.on_reset,
+            positions=a.log.positions,
         )
         a.log = log
         await log.start()
