@@ -155,7 +155,7 @@ async def test_upload_then_restore_into_an_empty_data_dir(tmp_path: Path, seawee
     store = ObjectStore(seaweed, ACCESS_KEY, SECRET_KEY)
     keys = await store.list_keys(BUCKET, "index/shard-0-of-1/docs/")
     assert "index/shard-0-of-1/docs/latest" in keys
-    assert json.loads(await store.get(BUCKET, "index/shard-0-of-1/docs/latest"))["sequence"] == 3
+    assert json.loads(await store.get(BUCKET, "index/shard-0-of-1/docs/latest"))["log_pos"] == 3
 
     empty = tmp_path / "b"
     second = await serve(make_settings(empty, **s3))
