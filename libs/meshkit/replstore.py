@@ -93,6 +93,12 @@ class StoreCollection(Protocol):
         """The log its restored/loaded snapshot belongs to ('' when unknown)."""
         ...
 
+    @property
+    def recovered_cleanly(self) -> bool:
+        """False when loading it cut data off (a torn WAL tail): it then resumes the log from
+        its own last entry, not from the position last saved for it."""
+        ...
+
     def close(self) -> None: ...
 
     def restart_log(self) -> None: ...
@@ -100,6 +106,8 @@ class StoreCollection(Protocol):
 
 class CollectionRemote(Protocol):
     async def latest(self) -> dict[str, Pointer]: ...
+
+    async def pointer(self, collection: str) -> Pointer | None: ...
 
     async def restore(self, collection: str, collection_dir: Path) -> Pointer: ...
 
@@ -156,6 +164,7 @@ class ReplicatedStore(Generic[C]):
         self.collections: dict[str, C] = {}
         self.quarantined: dict[str, str] = {}
         self._last_repair_try: dict[str, float] = {}
+        self._log_only_repairs: set[str] = set()
         self._scheduled: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
@@ -277,6 +286,8 @@ class ReplicatedStore(Generic[C]):
         for name, collection in self.collections.items():
             if name in restored:
                 at[name] = restored[name]
+            elif not collection.recovered_cleanly:
+                at[name] = collection.log_position if same_log else 0
             elif same_log or (log_id and not saved and collection.snapshot_log_id == log_id):
                 at[name] = max(collection.log_position, int(saved_pos.get(name, 0)))
             else:
@@ -373,12 +384,28 @@ class ReplicatedStore(Generic[C]):
         )
 
     async def repair(self, name: str) -> None:
-        """Restore a quarantined collection from the object store, then let the log reader
-        rewind to the snapshot's position (the other collections skip what they hold)."""
-        if self.remote is None or name not in self.quarantined:
+        """Restore a quarantined collection from the object store (or, without a snapshot there,
+        once, from the log alone), then let the log reader rewind to where it resumes; the other
+        collections skip what they already hold. A gap on the way quarantines it again."""
+        if name not in self.quarantined:
             return
         self._last_repair_try[name] = time.monotonic()
-        collection = await self._restore(name)
+        collection: C | None = None
+        pointer = None
+        if self.remote is not None:
+            try:
+                pointer = await self.remote.pointer(name)
+            except Exception as exc:
+                log.warning(
+                    "object store unreachable; repair postponed",
+                    extra={"collection": name, "error": str(exc)},
+                )
+                return
+        if pointer is not None:
+            collection = await self._restore(name)
+        elif name not in self._log_only_repairs:
+            self._log_only_repairs.add(name)
+            collection = await self._from_empty(name)
         if collection is None:
             return
 
@@ -395,6 +422,16 @@ class ReplicatedStore(Generic[C]):
             await self.save_positions()
 
         await self.log.between_entries(register)
+
+    async def _from_empty(self, name: str) -> C | None:
+        try:
+            await asyncio.to_thread(_remove_tree, self.data_dir / name)
+            return await asyncio.to_thread(self.open_collection, name)
+        except Exception as exc:
+            log.error(
+                "could not recreate a collection to replay", extra={"collection": name, "error": str(exc)}
+            )
+            return None
 
     async def _on_gap(self, after: int, prev: int) -> None:
         LOG_GAPS.labels(self.store).inc()
@@ -517,8 +554,6 @@ class ReplicatedStore(Generic[C]):
                 log.exception("background tick failed", extra={"store": self.label})
 
     def _repair_due(self, name: str) -> bool:
-        if self.remote is None:
-            return False
         return time.monotonic() - self._last_repair_try.get(name, 0.0) >= REPAIR_EVERY_S
 
 

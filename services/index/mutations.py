@@ -76,6 +76,8 @@ class Record:
     mutation: Mutation
     collection: str = ""
     pos: int = 0
+    # The shard count of the layout that wrote a log entry (0: not said).
+    shard_count: int = 0
 
 
 class CorruptRecord(ValueError):
@@ -86,7 +88,7 @@ def op_name(mutation: Mutation) -> str:
     return {Upsert: "upsert", Replace: "replace", Delete: "delete"}[type(mutation)]
 
 
-def encode(mutation: Mutation, *, collection: str = "", pos: int = 0) -> bytes:
+def encode(mutation: Mutation, *, collection: str = "", pos: int = 0, shard_count: int = 0) -> bytes:
     """Op byte, JSON header (ids, fences, collection, log position), then every vector as raw
     little-endian float32."""
     if isinstance(mutation, Upsert):
@@ -118,6 +120,8 @@ def encode(mutation: Mutation, *, collection: str = "", pos: int = 0) -> bytes:
         header["collection"] = collection
     if pos:
         header["pos"] = pos
+    if shard_count:
+        header["shards"] = shard_count
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     parts = [_PREFIX.pack(op, len(head)), head]
     parts.extend(np.ascontiguousarray(b, dtype="<f4").tobytes() for b in blobs)
@@ -136,6 +140,7 @@ def decode_record(payload: bytes, dimension: int) -> Record:
         raw = memoryview(payload)[start + head_len :]
         collection = str(header.get("collection", ""))
         pos = int(header.get("pos", 0))
+        shard_count = int(header.get("shards", 0))
         mutation: Mutation
         if op == _OP_UPSERT:
             vectors = _vectors(raw, len(header["chunk_ids"]), dimension)
@@ -151,7 +156,7 @@ def decode_record(payload: bytes, dimension: int) -> Record:
         if isinstance(exc, CorruptRecord):
             raise
         raise CorruptRecord(f"undecodable mutation payload: {exc}") from exc
-    return Record(mutation, collection, pos)
+    return Record(mutation, collection, pos, shard_count)
 
 
 def _decode_replace(header: dict[str, Any], raw: memoryview, dimension: int) -> Replace:

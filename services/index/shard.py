@@ -106,6 +106,12 @@ class IndexShard(ReplicatedStore[CollectionIndex]):
 
     def decode(self, data: bytes) -> Decoded:
         record = mut.decode_record(data, self.policy.dimension)
+        if record.shard_count not in (0, self.shard_count):
+            # The subject is per shard number: a log written by another layout (before a
+            # reshard) must not be applied to this one.
+            raise ValueError(
+                f"entry written for {record.shard_count} shards, this layout has {self.shard_count}"
+            )
         return Decoded(record.collection, record.mutation, not isinstance(record.mutation, mut.Delete))
 
     def apply_mutation(self, collection: CollectionIndex, mutation: Any, pos: int) -> Any:
@@ -156,7 +162,8 @@ class IndexShard(ReplicatedStore[CollectionIndex]):
         return self.policy.dimension * 4 + _CHUNK_OVERHEAD_BYTES
 
     async def _submit(self, name: str, mutation: mut.Mutation, timeout_s: float) -> Any:
-        return await self.submit(name, mut.encode(mutation, collection=name), timeout_s)
+        entry = mut.encode(mutation, collection=name, shard_count=self.shard_count)
+        return await self.submit(name, entry, timeout_s)
 
     async def upsert(self, name: str, chunks: mut.ChunkBatch, timeout_s: float) -> int:
         per_entry = max(1, self.transport.max_message_bytes // self._chunk_bytes())

@@ -529,6 +529,10 @@ class CollectionIndex:
         """Log position of the last entry applied to this collection (lock-free read)."""
         return self._log_pos
 
+    @property
+    def recovered_cleanly(self) -> bool:
+        return not self._wal.torn_bytes_dropped
+
     def restart_log(self) -> None:
         """The log was recreated: positions of the old one mean nothing any more."""
         with self._write_lock:
