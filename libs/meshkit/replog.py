@@ -62,7 +62,7 @@ _ERROR_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 _WRONG_LAST_RE = re.compile(r"wrong last sequence: (\d+)")
 _ERR_WRONG_LAST_SEQUENCE = 10071
 # Messages an in-process log keeps behind its reader.
-_MEMORY_KEEP = 1024
+_MEMORY_KEEP = 256
 
 
 class LogUnavailable(RuntimeError):
