@@ -630,7 +630,7 @@ class ReplicatedLog:
             expected = max(self._expected_last, self.positions.cursor)
             for _attempt in range(_MAX_APPEND_ATTEMPTS):
                 first_data, first_headers = messages[0]
-                prev = max(expected, self._highest)
+                prev = await self._predecessor(expected)
                 messages[0] = (first_data, {**first_headers, HEADER_PREV: str(prev)})
                 try:
                     seq = await self.transport.publish(messages, expected)
@@ -644,6 +644,17 @@ class ReplicatedLog:
                 self._highest = max(self._highest, seq)
                 return seq
         raise LogUnavailable("the log kept moving under this append; try again")
+
+    async def _predecessor(self, expected: int) -> int:
+        """What this append names as its predecessor: the subject's last entry, unless this
+        replica has seen later ones, which the log no longer holds (retention removed them):
+        then the latest of those, so a reader that missed them sees the gap. Unless the log is a
+        new one, whose positions restart: then this replica must catch up with that first."""
+        if self._highest <= expected:
+            return expected
+        if await self.transport.identity() != self.positions.log_id:
+            raise LogUnavailable("the replicated log was recreated; retry once this replica has caught up")
+        return self._highest
 
     # --- reading and applying
 
@@ -711,7 +722,7 @@ class ReplicatedLog:
                 extra={"log": self.transport.description, "was": self.positions.log_id, "now": log_id},
             )
             self.positions.restart(log_id)
-            self._highest = self._expected_last = 0
+            self._highest = self._expected_last = self._appended_max = 0
             await self._on_reset(log_id)
 
     async def _run_between(self) -> None:

@@ -60,6 +60,8 @@ TICK_S = 1.0
 REMOTE_START_TIMEOUT_S = 20.0
 # A quarantined collection is tried again from the object store this often.
 REPAIR_EVERY_S = 60.0
+# ... but from the same snapshot again only this often (it may lead into a gap every time).
+SAME_SNAPSHOT_RETRY_S = 600.0
 
 QUARANTINED = Gauge(
     "ragmesh_store_quarantined_collections",
@@ -165,6 +167,7 @@ class ReplicatedStore(Generic[C]):
         self.quarantined: dict[str, str] = {}
         self._last_repair_try: dict[str, float] = {}
         self._log_only_repairs: set[str] = set()
+        self._repair_keys: dict[str, tuple[str, float]] = {}
         self._scheduled: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
@@ -402,6 +405,14 @@ class ReplicatedStore(Generic[C]):
                 )
                 return
         if pointer is not None:
+            tried = self._repair_keys.get(name)
+            if (
+                tried is not None
+                and tried[0] == pointer.key
+                and time.monotonic() - tried[1] < SAME_SNAPSHOT_RETRY_S
+            ):
+                return  # this snapshot did not do it (a gap after it?): wait for a newer one
+            self._repair_keys[name] = (pointer.key, time.monotonic())
             collection = await self._restore(name)
         elif name not in self._log_only_repairs:
             self._log_only_repairs.add(name)
