@@ -299,6 +299,11 @@ class SparseStore(ReplicatedStore[Collection]):
     async def start(self) -> None:
         await asyncio.to_thread(shutil.rmtree, self.data_dir / _SNAPSHOT_WORK, True)
         await super().start()
+        # What changed before this start may not be in the object store yet (a crash, or data
+        # from before snapshots): one interval from now each collection is checked (its upload
+        # is skipped when the store already covers its position).
+        for name in self.collections:
+            self._changed_at.setdefault(name, time.monotonic())
         log.info(
             "sparse store ready",
             extra={
