@@ -19,7 +19,7 @@ from meshkit.server import RunningService, start_service
 from meshkit.settings import SparseSettings
 from ragmesh.sparse.v1 import sparse_pb2 as pb
 from ragmesh.sparse.v1 import sparse_pb2_grpc
-from services.sparse.collection import Collection
+from services.sparse.collection import Collection, DocumentUpdate
 from services.sparse.servicer import build_spec
 from services.sparse.store import SparseStore, _pack, _unpack
 
@@ -219,3 +219,25 @@ def test_snapshot_copy_restores_the_same_documents(tmp_path: Path) -> None:
         ("d2", [second.chunk_id]),
     ]
     assert sorted(restored.files.chunk_ids()) == sorted([first.chunk_id, second.chunk_id])
+
+
+def test_an_entry_applied_again_after_a_crash_changes_nothing(tmp_path: Path) -> None:
+    """The state is written right after tantivy's commit: a crash in between leaves it one entry
+    behind, and that entry is applied again on restart. Doing so must change nothing."""
+    collection = open_collection(tmp_path)
+    old, kept = chunk("d", "ragmesh old part"), chunk("d", "ragmesh kept part")
+    put(collection, "d", old, kept)
+    new = chunk("d", "ragmesh new part")
+    entry = [DocumentUpdate("d", [new], [kept.chunk_id, "f" * 32], fence=3)]
+    first = collection.replace_documents(entry, pos=7)
+    before = (collection.stats(), collection.list_documents("", 10), collection.files.chunk_ids())
+    collection.state.set_log("", 6)  # as if the crash came before the state was written
+    again = collection.replace_documents(entry, pos=7)
+    assert (first.upserted, first.removed, first.missing_chunk_ids) == (1, 1, ["f" * 32])
+    assert (again.upserted, again.removed, again.missing_chunk_ids) == (1, 0, ["f" * 32])
+    assert (collection.stats(), collection.list_documents("", 10), sorted(collection.files.chunk_ids())) == (
+        before[0],
+        before[1],
+        sorted(before[2]),
+    )
+    assert collection.log_position == 7
