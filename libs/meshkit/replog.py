@@ -61,6 +61,8 @@ _QUICK_RETRY_S = 0.01
 _ERROR_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 _WRONG_LAST_RE = re.compile(r"wrong last sequence: (\d+)")
 _ERR_WRONG_LAST_SEQUENCE = 10071
+_CLOSE_TIMEOUT_S = 5.0
+_STOP_TIMEOUT_S = 60.0
 # Messages an in-process log keeps behind its reader.
 _MEMORY_KEEP = 256
 
@@ -228,8 +230,10 @@ class JetStreamTransport:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._connector
         if self._nc is not None:
+            # A client in the middle of reconnecting can take long to close: never hold up a
+            # shutdown for it.
             with contextlib.suppress(Exception):
-                await self._nc.close()
+                await asyncio.wait_for(self._nc.close(), _CLOSE_TIMEOUT_S)
 
     def _jetstream(self) -> Any:
         if not self._ready.is_set() or self._nc is None or not self._nc.is_connected:
@@ -540,8 +544,9 @@ class ReplicatedLog:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                # An apply running in a worker thread finishes first (it cannot be interrupted).
+                await asyncio.wait_for(self._task, _STOP_TIMEOUT_S)
             self._task = None
         for waiter in self._waiters.values():
             if not waiter.done():

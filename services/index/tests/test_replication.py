@@ -115,7 +115,7 @@ async def listing(stub: Any) -> list[tuple[str, int, list[str]]]:
             return out
 
 
-async def caught_up(stubs: list[Any], timeout: float = 15.0) -> None:
+async def caught_up(stubs: list[Any], timeout: float = 60.0) -> None:
     """Until every replica reports the same log position for the collection."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:

@@ -111,7 +111,7 @@ async def listing(stub: Any) -> list[tuple[str, int, list[str]]]:
             return out
 
 
-async def caught_up(stubs: list[Any], timeout: float = 15.0) -> None:
+async def caught_up(stubs: list[Any], timeout: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         positions = []
