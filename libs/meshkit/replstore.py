@@ -278,7 +278,7 @@ class ReplicatedStore(Generic[C]):
         try:
             await self.open(name)
         except Exception as exc:
-            await self.quarantine(name, f"its local data does not load: {exc}")
+            await self.quarantine(name, "its local data does not load", str(exc))
 
     def _initial_positions(self, saved: dict[str, Any], log_id: str, restored: dict[str, int]) -> Positions:
         """Where each collection resumes the log. Positions in another log (it was recreated)
@@ -349,21 +349,28 @@ class ReplicatedStore(Generic[C]):
 
     # ----- quarantine -----
 
-    async def quarantine(self, name: str, reason: str) -> None:
+    async def quarantine(self, name: str, reason: str, detail: str = "") -> None:
         """Take one collection out of service (its files moved aside, the reason kept) so the
-        store serves every other one; it comes back from the object store and the log."""
+        store serves every other one; it comes back from the object store and the log.
+        ``reason`` is told to callers; ``detail`` (paths, errors) only to the log and the files."""
         collection = self.collections.pop(name, None)
         if collection is not None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(collection.close)
-        moved = await asyncio.to_thread(self._move_aside, name, reason)
+        moved = await asyncio.to_thread(self._move_aside, name, f"{reason}: {detail}" if detail else reason)
         self.quarantined[name] = reason
         self.log.positions.forget(name)
         QUARANTINES.labels(self.store).inc()
         QUARANTINED.labels(self.store).set(len(self.quarantined))
         log.error(
             "collection quarantined",
-            extra={"collection": name, "store": self.label, "reason": reason, "moved_to": moved},
+            extra={
+                "collection": name,
+                "store": self.label,
+                "reason": reason,
+                "detail": detail,
+                "moved_to": moved,
+            },
         )
         with contextlib.suppress(Exception):
             await self.save_positions()
@@ -446,13 +453,13 @@ class ReplicatedStore(Generic[C]):
 
     async def _on_gap(self, after: int, prev: int) -> None:
         LOG_GAPS.labels(self.store).inc()
-        reason = (
-            f"the log no longer holds entries between positions {after} and {prev} (retention): "
-            "this replica cannot complete it"
+        reason = "the replicated log no longer holds writes this replica misses"
+        detail = (
+            f"entries between positions {after} and {prev} were removed (retention) before they were read"
         )
         for name in list(self.collections):
             if self.log.positions.of(name) < prev:
-                await self.quarantine(name, reason)
+                await self.quarantine(name, reason, detail)
 
     async def _on_reset(self, log_id: str) -> None:
         for collection in self.collections.values():
@@ -489,14 +496,14 @@ class ReplicatedStore(Generic[C]):
             try:
                 collection = await self.open(name)
             except Exception as exc:
-                await self.quarantine(name, f"creating it failed: {exc}")
+                await self.quarantine(name, "it could not be created", str(exc))
                 raise self.quarantined_error(name) from None
         try:
             result = await asyncio.to_thread(self.apply_mutation, collection, decoded.mutation, entry.seq)
         except ServiceError:
             raise
         except Exception as exc:
-            await self.quarantine(name, f"applying log entry {entry.seq} failed: {exc}")
+            await self.quarantine(name, "a write could not be applied", f"log entry {entry.seq}: {exc}")
             raise self.quarantined_error(name) from None
         await self.after_apply(collection, result)
         return result

@@ -188,11 +188,12 @@ async def test_quarantined_collection_answers_unavailable_with_the_reason(tmp_pa
     store = SparseStore(settings)
     await store.start()
     try:
-        await store.quarantine("broken", "its local data does not load: test")
+        await store.quarantine("broken", "its local data does not load", "/secret/path: checksum mismatch")
         with pytest.raises(Exception) as err:
             store.get("broken")
         assert getattr(err.value, "code", None) == grpc.StatusCode.UNAVAILABLE
-        assert "its local data does not load: test" in str(err.value)
+        assert "its local data does not load" in str(err.value)
+        assert "/secret/path" not in str(err.value)  # internals stay in the log
     finally:
         await store.stop()
 
