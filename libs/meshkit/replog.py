@@ -659,6 +659,19 @@ class ReplicatedLog:
             return expected
         if await self.transport.identity() != self.positions.log_id:
             raise LogUnavailable("the replicated log was recreated; retry once this replica has caught up")
+        if expected > 0:
+            # Retention removes the oldest entries, never the newest while older ones stay: the
+            # log lost entries it had acknowledged (a single server crashed inside its sync
+            # interval). Appending now would reuse their positions, which replicas already hold.
+            log.error(
+                "the replicated log lost acknowledged entries; writes are refused until it is repaired",
+                extra={
+                    "log": self.transport.description,
+                    "log_last": expected,
+                    "applied_here": self._highest,
+                },
+            )
+            raise LogUnavailable("the replicated log lost entries this replica applied; writes are refused")
         return self._highest
 
     # --- reading and applying

@@ -334,3 +334,28 @@ def test_positions_bookkeeping(tmp_path: Path) -> None:
     assert saved == {"log": "L", "cursor": 20, "collections": {"w": 20, "x": 20}, "quarantined": {"q": "why"}}
     p.restart("M")
     assert (p.cursor, p.ahead, p.log_id) == (0, {}, "M")
+
+
+async def test_a_log_that_lost_acknowledged_entries_refuses_appends() -> None:
+    """A log whose newest entries are gone (a lone server crashed inside its sync interval) would
+    hand their positions to new entries, which replicas past them never read: refuse instead."""
+    transport = MemoryTransport()
+    applied: list[int] = []
+
+    async def apply(entry: Entry) -> Any:
+        applied.append(entry.seq)
+        return None
+
+    async def nothing(*_args: Any) -> None:
+        return None
+
+    log = ReplicatedLog(transport, apply, poll_s=0.05, on_gap=nothing, on_reset=nothing)
+    await log.start()
+    for i in range(3):
+        await log.submit(f"e{i}".encode(), 5)
+    assert applied == [1, 2, 3]
+    transport._messages.pop()  # the newest entry is lost...
+    transport._last = 2  # ...and its position will be handed out again
+    with pytest.raises(LogUnavailable, match="lost entries"):
+        await log.submit(b"next", 5)
+    await log.stop()
