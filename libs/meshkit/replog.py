@@ -632,15 +632,21 @@ class ReplicatedLog:
     async def _append(self, entry_id: str, data: bytes) -> int:
         messages = self._split(entry_id, data)
         async with self._append_lock:
-            expected = max(self._expected_last, self.positions.cursor)
+            expected = max(self._expected_last, self.positions.cursor, self._highest)
+            prev_floor = 0
             for _attempt in range(_MAX_APPEND_ATTEMPTS):
+                # Seen before this attempt is sent: entries the log held then.
+                seen = self._highest
                 first_data, first_headers = messages[0]
-                prev = await self._predecessor(expected)
+                prev = max(expected, prev_floor)
                 messages[0] = (first_data, {**first_headers, HEADER_PREV: str(prev)})
                 try:
                     seq = await self.transport.publish(messages, expected)
                 except WrongLastSequence as exc:
-                    expected = exc.actual  # another replica appended first
+                    if exc.actual < seen:
+                        await self._entries_gone(exc.actual, seen)
+                        prev_floor = seen
+                    expected = exc.actual  # usually: another replica appended first
                     continue
                 except LogUnavailable:
                     self._expected_last = 0  # unknown now: the next append learns it
@@ -650,29 +656,22 @@ class ReplicatedLog:
                 return seq
         raise LogUnavailable("the log kept moving under this append; try again")
 
-    async def _predecessor(self, expected: int) -> int:
-        """What this append names as its predecessor: the subject's last entry, unless this
-        replica has seen later ones, which the log no longer holds (retention removed them):
-        then the latest of those, so a reader that missed them sees the gap. Unless the log is a
-        new one, whose positions restart: then this replica must catch up with that first."""
-        if self._highest <= expected:
-            return expected
+    async def _entries_gone(self, last: int, seen: int) -> None:
+        """The subject's last entry is older than one this replica saw in it. If retention
+        emptied the subject, the next entry names the newest seen as its predecessor, so a
+        reader that missed entries sees the gap. If the log is a new one, this replica catches
+        up with it first. Otherwise the log lost entries it had acknowledged (a single server
+        crashed inside its sync interval): new entries would get their positions, which
+        replicas past them never read, so writes are refused."""
         if await self.transport.identity() != self.positions.log_id:
             raise LogUnavailable("the replicated log was recreated; retry once this replica has caught up")
-        if expected > 0:
-            # Retention removes the oldest entries, never the newest while older ones stay: the
-            # log lost entries it had acknowledged (a single server crashed inside its sync
-            # interval). Appending now would reuse their positions, which replicas already hold.
-            log.error(
-                "the replicated log lost acknowledged entries; writes are refused until it is repaired",
-                extra={
-                    "log": self.transport.description,
-                    "log_last": expected,
-                    "applied_here": self._highest,
-                },
-            )
-            raise LogUnavailable("the replicated log lost entries this replica applied; writes are refused")
-        return self._highest
+        if last == 0:
+            return
+        log.error(
+            "the replicated log lost acknowledged entries; writes are refused until it is repaired",
+            extra={"log": self.transport.description, "log_last": last, "seen_here": seen},
+        )
+        raise LogUnavailable("the replicated log lost entries this replica applied; writes are refused")
 
     # --- reading and applying
 
