@@ -52,7 +52,6 @@ from services.planner.plan import PlanInput
 from services.sparse.collection import Collection
 from services.sparse.exact import find_ripgrep, normalise_keywords, rank, ripgrep_counts
 from services.sparse.servicer import exact_phrase
-from services.sparse.store import SparseStore
 
 T = TypeVar("T")
 
@@ -109,7 +108,7 @@ class InProcessSearch:
         sparse_settings: SparseSettings,
         batcher: EmbedBatcher,
         shards: Sequence[CollectionIndex],
-        sparse: SparseStore,
+        sparse: Collection,
     ) -> None:
         self.gateway = gateway
         self.planner_settings = planner_settings
@@ -146,8 +145,12 @@ class InProcessSearch:
             for i in range(index_shards)
         ]
         sparse_settings = SparseSettings()
-        sparse = SparseStore(
-            state_dir / "sparse", sparse_settings.sparse_writer_heap_bytes, sparse_settings.sparse_title_boost
+        sparse = await asyncio.to_thread(
+            Collection.open,
+            state_dir / "sparse",
+            COLLECTION,
+            sparse_settings.sparse_writer_heap_bytes,
+            sparse_settings.sparse_title_boost,
         )
         embedder = EmbedderSettings()
         model = await asyncio.to_thread(EmbeddingModel.load, embedder)
@@ -172,11 +175,7 @@ class InProcessSearch:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     async def _collection(self) -> Collection:
-        # The sparse service looks the collection up in a thread on every call; so do we.
-        collection = await self._in(self.sparse_pool, self.sparse.get, COLLECTION)
-        if collection is None:
-            raise RuntimeError(f"no sparse collection {COLLECTION!r}")
-        return collection
+        return self.sparse
 
     def _plan(self, query: str) -> tuple[list[str], list[str], int]:
         """Dense texts, hard keywords and pool size, as the gateway uses the planner's plan."""

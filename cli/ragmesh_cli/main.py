@@ -364,8 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--replicas",
         default=None,
         metavar="KIND=N,...",
-        help="replicas of stateless services, each on its own port, balanced round-robin by their "
-        "callers, e.g. reranker=2,embedder=2",
+        help="replicas, each on its own port, balanced round-robin by their callers, e.g. "
+        "reranker=2,embedder=2; index=2 runs every index shard twice and sparse=2 the sparse store, "
+        "replicas kept identical by their replicated log in NATS",
     )
     up.add_argument("--index-shards", type=int, default=None, help="index shards (default 1)")
     up.add_argument("--services", default=None, help=f"comma separated subset of {','.join(ALL_SERVICES)}")

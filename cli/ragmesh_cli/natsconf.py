@@ -88,11 +88,16 @@ USER_GRANTS: dict[str, Grant] = {
         publish=("ragmesh.dlq.>", *_KV_SUBJECTS),
         subscribe=_INGEST_ADVISORIES,
     ),
+    # A store appends to its log and wakes its replicas on its tick subject (meshkit.replog).
     INDEX: Grant(
-        streams=(INDEX_LOG_STREAM,), publish=("ragmesh.log.index.>",), subscribe=("ragmesh.log.index.>",)
+        streams=(INDEX_LOG_STREAM,),
+        publish=("ragmesh.log.index.>", "ragmesh.logtick.index.>"),
+        subscribe=("ragmesh.log.index.>", "ragmesh.logtick.index.>"),
     ),
     SPARSE: Grant(
-        streams=(SPARSE_LOG_STREAM,), publish=("ragmesh.log.sparse.>",), subscribe=("ragmesh.log.sparse.>",)
+        streams=(SPARSE_LOG_STREAM,),
+        publish=("ragmesh.log.sparse.>", "ragmesh.logtick.sparse.>"),
+        subscribe=("ragmesh.log.sparse.>", "ragmesh.logtick.sparse.>"),
     ),
     OPS: Grant(admin=True),
 }

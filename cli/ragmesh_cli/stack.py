@@ -22,6 +22,12 @@ gives a tenant's key (``api_keys`` grants tenants collections).
 NATS runs from a generated configuration file (ragmesh_cli.natsconf) that makes its durability
 explicit: JetStream fsyncs before it acknowledges.
 
+The stateful stores take ``replicas`` too: ``{"index": 2, "sparse": 2}`` runs every index shard and
+the sparse store as two replicas that stay identical through their replicated log in NATS
+(meshkit.replog), each with a data dir of its own (``<state_dir>/<component name>``): "index-0",
+"index-0-2", "index-1", ...; "sparse", "sparse-2". Callers get ``a|b`` per shard in
+RAGMESH_INDEX_ADDRESSES and a comma list in RAGMESH_SPARSE_ADDRESS.
+
 Every public method has a sync form and an ``*_async`` form; the sync ones use
 ``asyncio.run`` and so must not be called from a running event loop.
 """
@@ -91,6 +97,9 @@ STAGE_OF_KIND = {
 # (meshkit ServiceSpec.multiprocess_safe). The index, sparse and ingestion services own data or
 # consumer state per process; the LLM server is one URL.
 STATELESS_KINDS: tuple[str, ...] = ("embedder", "planner", "reranker", "extractor", "narrator", "gateway")
+# Stateful stores whose replicas follow a replicated log: replicas yes (each its own process and
+# data dir), pre-fork workers sharing one data dir no.
+REPLICATED_KINDS: tuple[str, ...] = ("index", "sparse")
 # Service kinds that answer HTTP health instead of gRPC health (the LLM server is llama.cpp's).
 HTTP_HEALTH_PATHS = {"llm": "/health"}
 SERVING = "SERVING"
@@ -173,12 +182,12 @@ def parse_workers(text: str) -> tuple[int | None, dict[str, int] | None]:
 
 def check_scale(counts: Mapping[str, int], option: str, services: Sequence[str]) -> dict[str, int]:
     """Validated per-kind counts, without the 1s (the default), so equal shapes compare equal."""
+    scalable = STATELESS_KINDS + REPLICATED_KINDS if option == "--replicas" else STATELESS_KINDS
     for kind, count in counts.items():
-        if kind not in STATELESS_KINDS:
+        if kind not in scalable:
             raise ValueError(
-                f"{option}: {kind} cannot be scaled this way: only stateless services can "
-                f"({', '.join(STATELESS_KINDS)}); the index scales with --index-shards and ingestion "
-                "with --workers N"
+                f"{option}: {kind} cannot be scaled this way: only {', '.join(scalable)} can; the "
+                "index also scales with --index-shards and ingestion with --workers N"
             )
         if count < 1:
             raise ValueError(f"{option}: {kind}={count} must be >= 1")
@@ -376,13 +385,11 @@ class Stack:
             env["RAGMESH_S3_SECRET_KEY"] = creds["secret_key"]
         if "embedder" in self.components:
             env["RAGMESH_EMBEDDER_ADDRESS"] = self.kind_address("embedder")
-        shards = [
-            self.address(f"index-{i}") for i in range(self.index_shards) if f"index-{i}" in self.components
-        ]
-        if shards:
+        shards = ["|".join(c.address for c in self.shard_replicas(i)) for i in range(self.index_shards)]
+        if any(shards):
             env["RAGMESH_INDEX_ADDRESSES"] = ",".join(shards)
         if "sparse" in self.components:
-            env["RAGMESH_SPARSE_ADDRESS"] = self.address("sparse")
+            env["RAGMESH_SPARSE_ADDRESS"] = self.kind_address("sparse")
         if "ingestion" in self.components:
             env["RAGMESH_INGESTION_ADDRESS"] = self.address("ingestion")
         if "planner" in self.components:
@@ -398,6 +405,14 @@ class Stack:
                 env[f"RAGMESH_{kind.upper()}_ADDRESS"] = self.kind_address(kind)
         self._apply_identity(env, OPS)
         return env
+
+    def shard_replicas(self, shard: int) -> list[Component]:
+        """The replicas of index shard ``shard``, in replica order."""
+        return [
+            c
+            for c in self.components.values()
+            if c.kind == "index" and c.env.get("RAGMESH_INDEX_SHARD") == str(shard)
+        ]
 
     def kind_address(self, kind: str) -> str:
         """Every replica of a kind, comma separated in replica order ('' when none runs)."""
@@ -469,10 +484,19 @@ class Stack:
         for kind in self.services:
             if kind == "index":
                 count = str(self.index_shards)
-                specs += [
-                    (f"index-{i}", kind, {"RAGMESH_INDEX_SHARD": str(i), "RAGMESH_INDEX_SHARD_COUNT": count})
-                    for i in range(self.index_shards)
-                ]
+                for i in range(self.index_shards):
+                    for r in range(self.replicas.get(kind, 1)):
+                        name = replica_name(f"index-{i}", r)
+                        env = {
+                            "RAGMESH_INDEX_SHARD": str(i),
+                            "RAGMESH_INDEX_SHARD_COUNT": count,
+                            "RAGMESH_INDEX_DATA_DIR": str(self.state_dir / name),
+                        }
+                        specs.append((name, kind, env))
+            elif kind == "sparse":
+                for r in range(self.replicas.get(kind, 1)):
+                    name = replica_name(kind, r)
+                    specs.append((name, kind, {"RAGMESH_SPARSE_DATA_DIR": str(self.state_dir / name)}))
             elif kind == "worker":
                 specs += [
                     (f"worker-{i}", kind, {"RAGMESH_INGEST_WORKER_ID": f"worker-{i}"})

@@ -109,3 +109,18 @@ def check_item_list(ids: Sequence[str], field: str, limit: int) -> None:
         if item_id in seen:
             raise invalid_argument(f"{field}[{i}].id {item_id!r} is repeated")
         seen.add(item_id)
+
+
+# ListDocuments paging (index and sparse): documents per page when the caller asks for 0, and at most.
+DEFAULT_PAGE_SIZE = 1000
+MAX_PAGE_SIZE = 10_000
+
+
+def document_page(page_size: int, page_token: str) -> tuple[int, str]:
+    """A ListDocuments page: its size and the doc id it starts after (the token is the last doc id
+    of the previous page, '' for the first)."""
+    if page_size > MAX_PAGE_SIZE:
+        raise resource_exhausted(f"page_size is {page_size}, the limit is {MAX_PAGE_SIZE}")
+    if page_token and doc_id_problem(page_token):
+        raise invalid_argument("page_token is not one a ListDocuments page returned")
+    return page_size or DEFAULT_PAGE_SIZE, page_token

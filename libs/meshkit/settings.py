@@ -134,7 +134,7 @@ class MeshSettings(BaseSettings):
     )
     s3_region: str = Field("us-east-1", description="S3 region name.")
     documents_bucket: str = Field("ragmesh-documents", description="Raw documents.")
-    snapshots_bucket: str = Field("ragmesh-snapshots", description="Index snapshots.")
+    snapshots_bucket: str = Field("ragmesh-snapshots", description="Index and sparse snapshots.")
     models_bucket: str = Field("ragmesh-models", description="Model directories.")
 
     # --- security (docs/SECURITY.md) ---
@@ -225,7 +225,50 @@ class EmbedderSettings(MeshSettings):
     embedder_intra_op_threads: int = Field(0, description="ONNX Runtime threads (0: its default).")
 
 
-class IndexSettings(MeshSettings):
+class StoreSettings(MeshSettings):
+    """What the stateful stores (index shards, sparse) share: the replicated log their replicas
+    apply (meshkit.replog, docs/ARCHITECTURE.md "Replication and durability")."""
+
+    store_log: Literal["jetstream", "local"] = Field(
+        "jetstream",
+        description="jetstream: every write goes through the shard's log in NATS JetStream and every "
+        "replica applies it in order (replicas stay identical; a replica with an empty disk restores "
+        "snapshot + log). local: entries stay in this process (one replica only, no NATS; tests and "
+        "single-node development).",
+    )
+    store_log_max_age_s: float = Field(
+        7 * 24 * 3600.0,
+        gt=0,
+        description="How long the log keeps an entry (JetStream max_age). A replica down for longer, or "
+        "restored from a snapshot older than this, cannot be completed from the log: its collections are "
+        "quarantined instead of served incomplete. Keep it far above the snapshot interval.",
+    )
+    store_log_entry_bytes: int = Field(
+        768 * 1024,
+        ge=4096,
+        description="Largest log message; a bigger write is split into parts published as one atomic "
+        "batch (capped below the NATS server's max_payload).",
+    )
+    store_log_catchup_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="At start, how long a replica waits for an unreachable log before it serves its local "
+        "state (it catches up once the log is back). A reachable log is always caught up first.",
+    )
+    store_log_poll_s: float = Field(
+        1.0,
+        gt=0,
+        description="Idle replicas look for new entries at least this often (writers also notify them).",
+    )
+    store_write_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest a write waits for this replica to apply its entry when the caller set no "
+        "deadline.",
+    )
+
+
+class IndexSettings(StoreSettings):
     index_data_dir: Path | None = Field(None, description="Default: <state_dir>/index-<shard>.")
     index_shard: int = Field(0, description="This replica's shard number.")
     index_shard_count: int = Field(1, description="Number of shards of the index.")
@@ -242,9 +285,13 @@ class IndexSettings(MeshSettings):
     index_upload_snapshots: bool = Field(True, description="Also keep snapshots in the object store.")
     index_max_top_k: int = Field(1000, description="Largest top_k accepted.")
     index_max_batch_chunks: int = Field(10_000, description="Largest number of chunks in one write.")
+    index_log_stream: str = Field(
+        "RAGMESH_LOG_INDEX",
+        description="JetStream stream of the index shards' logs (subject ragmesh.log.index.<shard>).",
+    )
 
 
-class SparseSettings(MeshSettings):
+class SparseSettings(StoreSettings):
     sparse_data_dir: Path | None = Field(None, description="Default: <state_dir>/sparse.")
     sparse_exact_mode: Literal["ripgrep", "phrase"] = Field(
         "phrase",
@@ -264,6 +311,17 @@ class SparseSettings(MeshSettings):
     sparse_max_batch_chunks: int = Field(10_000, description="Most chunks or ids in one write or fetch.")
     sparse_max_chunk_chars: int = Field(1_000_000, description="Longest chunk title + text accepted.")
     sparse_max_doc_filter: int = Field(10_000, description="Most doc_ids in one search filter.")
+    sparse_log_stream: str = Field(
+        "RAGMESH_LOG_SPARSE",
+        description="JetStream stream of the sparse replicas' log (subject ragmesh.log.sparse.0).",
+    )
+    sparse_snapshot_interval_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds between snapshots of a changed collection to the object store (what a replica "
+        "with an empty disk restores before replaying the log).",
+    )
+    sparse_upload_snapshots: bool = Field(True, description="Keep snapshots in the object store.")
 
 
 class IngestionSettings(MeshSettings):

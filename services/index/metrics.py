@@ -28,7 +28,4 @@ SNAPSHOT_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 UPLOADS = Counter("ragmesh_index_snapshot_uploads_total", "Snapshot uploads by result.", ["result"])
-RESTORES = Counter(
-    "ragmesh_index_snapshot_restores_total", "Collections restored from the object store.", ["result"]
-)
 REBUILDS = Counter("ragmesh_index_rebuilds_total", "Index rebuilds by target index type.", ["index_type"])

@@ -1,8 +1,10 @@
-"""The mutations a collection accepts, as plain values, and their WAL encoding.
+"""The mutations a collection accepts, as plain values, and their encoding: in the shard's
+replicated log (with the collection they are for) and in a collection's WAL (with the log
+position they were applied at).
 
-A WAL record is the *request* (logical operation), not its effect: replaying it against the
-state it was first applied to gives the same result, which keeps records small and lets the
-replay reuse the exact code path of a live write.
+A record is the *request* (logical operation), not its effect: replaying it against the state
+it was first applied to gives the same result, which keeps records small and lets the replay
+(and every replica) reuse the exact code path of a live write.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +50,8 @@ class Replacement:
     doc_id: str
     upserts: ChunkBatch
     keep_chunk_ids: list[str]
+    # The writer's fencing token (0: unfenced); see CollectionIndex.replace_documents.
+    fence: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,16 +68,29 @@ class Delete:
 Mutation = Upsert | Replace | Delete
 
 
+@dataclass(frozen=True)
+class Record:
+    """A decoded record: the mutation, the collection it is for (log entries) and the log
+    position it was applied at (WAL records); empty / 0 where the record has none."""
+
+    mutation: Mutation
+    collection: str = ""
+    pos: int = 0
+    # The shard count of the layout that wrote a log entry (0: not said).
+    shard_count: int = 0
+
+
 class CorruptRecord(ValueError):
-    """A WAL payload that passed its checksum but does not decode: a bug or a format change."""
+    """A payload that passed its checksum but does not decode: a bug or a format change."""
 
 
 def op_name(mutation: Mutation) -> str:
     return {Upsert: "upsert", Replace: "replace", Delete: "delete"}[type(mutation)]
 
 
-def encode(mutation: Mutation) -> bytes:
-    """Op byte, JSON header (ids), then every vector as raw little-endian float32."""
+def encode(mutation: Mutation, *, collection: str = "", pos: int = 0, shard_count: int = 0) -> bytes:
+    """Op byte, JSON header (ids, fences, collection, log position), then every vector as raw
+    little-endian float32."""
     if isinstance(mutation, Upsert):
         op = _OP_UPSERT
         header: dict[str, object] = {
@@ -84,7 +102,12 @@ def encode(mutation: Mutation) -> bytes:
         op = _OP_REPLACE
         header = {
             "docs": [
-                {"doc_id": r.doc_id, "chunk_ids": r.upserts.chunk_ids, "keep": r.keep_chunk_ids}
+                {
+                    "doc_id": r.doc_id,
+                    "chunk_ids": r.upserts.chunk_ids,
+                    "keep": r.keep_chunk_ids,
+                    "fence": r.fence,
+                }
                 for r in mutation.documents
             ]
         }
@@ -93,6 +116,12 @@ def encode(mutation: Mutation) -> bytes:
         op = _OP_DELETE
         header = {"chunk_ids": mutation.chunk_ids, "doc_ids": mutation.doc_ids}
         blobs = []
+    if collection:
+        header["collection"] = collection
+    if pos:
+        header["pos"] = pos
+    if shard_count:
+        header["shards"] = shard_count
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     parts = [_PREFIX.pack(op, len(head)), head]
     parts.extend(np.ascontiguousarray(b, dtype="<f4").tobytes() for b in blobs)
@@ -100,34 +129,48 @@ def encode(mutation: Mutation) -> bytes:
 
 
 def decode(payload: bytes, dimension: int) -> Mutation:
+    return decode_record(payload, dimension).mutation
+
+
+def decode_record(payload: bytes, dimension: int) -> Record:
     try:
         op, head_len = _PREFIX.unpack_from(payload, 0)
         start = _PREFIX.size
         header = json.loads(payload[start : start + head_len])
         raw = memoryview(payload)[start + head_len :]
+        collection = str(header.get("collection", ""))
+        pos = int(header.get("pos", 0))
+        shard_count = int(header.get("shards", 0))
+        mutation: Mutation
         if op == _OP_UPSERT:
             vectors = _vectors(raw, len(header["chunk_ids"]), dimension)
             _expect_consumed(raw, vectors)
-            return Upsert(ChunkBatch(list(header["chunk_ids"]), list(header["doc_ids"]), vectors))
-        if op == _OP_REPLACE:
-            return _decode_replace(header, raw, dimension)
-        if op == _OP_DELETE:
-            return Delete(list(header["chunk_ids"]), list(header["doc_ids"]))
-    except (struct.error, ValueError, KeyError, TypeError) as exc:
-        raise CorruptRecord(f"undecodable WAL payload: {exc}") from exc
-    raise CorruptRecord(f"unknown WAL op {op}")
+            mutation = Upsert(ChunkBatch(list(header["chunk_ids"]), list(header["doc_ids"]), vectors))
+        elif op == _OP_REPLACE:
+            mutation = _decode_replace(header, raw, dimension)
+        elif op == _OP_DELETE:
+            mutation = Delete(list(header["chunk_ids"]), list(header["doc_ids"]))
+        else:
+            raise CorruptRecord(f"unknown mutation op {op}")
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError) as exc:
+        if isinstance(exc, CorruptRecord):
+            raise
+        raise CorruptRecord(f"undecodable mutation payload: {exc}") from exc
+    return Record(mutation, collection, pos, shard_count)
 
 
-def _decode_replace(header: dict[str, list[dict[str, object]]], raw: memoryview, dimension: int) -> Replace:
+def _decode_replace(header: dict[str, Any], raw: memoryview, dimension: int) -> Replace:
     documents = []
     offset = 0
     for doc in header["docs"]:
-        chunk_ids = [str(c) for c in doc["chunk_ids"]]  # type: ignore[attr-defined]
+        chunk_ids = [str(c) for c in doc["chunk_ids"]]
         vectors = _vectors(raw[offset:], len(chunk_ids), dimension)
         offset += vectors.nbytes
         doc_id = str(doc["doc_id"])
-        keep = [str(c) for c in doc["keep"]]  # type: ignore[attr-defined]
-        documents.append(Replacement(doc_id, ChunkBatch(chunk_ids, [doc_id] * len(chunk_ids), vectors), keep))
+        keep = [str(c) for c in doc["keep"]]
+        fence = int(doc.get("fence", 0))  # absent in records written before fences
+        batch = ChunkBatch(chunk_ids, [doc_id] * len(chunk_ids), vectors)
+        documents.append(Replacement(doc_id, batch, keep, fence))
     if offset != len(raw):
         raise ValueError(f"{len(raw) - offset} trailing bytes after the vectors")
     return Replace(documents)

@@ -10,7 +10,15 @@ from grpc import aio
 
 from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
 from meshkit.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
-from meshkit.ids import MAX_DOC_ID_CHARS, doc_id_problem, shard_of, validate_chunk_id, validate_collection
+from meshkit.ids import (
+    MAX_DOC_ID_CHARS,
+    doc_id_problem,
+    document_page,
+    shard_of,
+    validate_chunk_id,
+    validate_collection,
+)
+from meshkit.replog import write_timeout
 from meshkit.server import REQUEST_SLACK_BYTES, ServiceSpec
 from meshkit.settings import IndexSettings
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
@@ -91,6 +99,9 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
                 raise invalid_argument(f"{what} {value!r} appears more than once in the request")
             seen.add(value)
 
+    def _timeout(self, context: aio.ServicerContext) -> float:
+        return write_timeout(context.time_remaining(), self.settings.store_write_timeout_s)
+
     # ----- RPCs -----
 
     async def Upsert(
@@ -102,7 +113,7 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
         self._limit(len(request.chunks), "chunks")
         batch = self._chunks(request.chunks, "chunks")
         self._unique(batch.chunk_ids, "chunk_id")
-        upserted = await self.shard.upsert(collection, batch)
+        upserted = await self.shard.upsert(collection, batch, self._timeout(context))
         return index_pb2.UpsertResponse(upserted=upserted)
 
     async def ReplaceDocuments(
@@ -120,12 +131,15 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             keep = [
                 self._chunk_id(c, f"{where}.keep_chunk_ids[{j}]") for j, c in enumerate(doc.keep_chunk_ids)
             ]
-            documents.append(mut.Replacement(doc_id, upserts, keep))
+            documents.append(mut.Replacement(doc_id, upserts, keep, doc.fence))
         self._unique((d.doc_id for d in documents), "doc_id")
         self._unique((c for d in documents for c in [*d.upserts.chunk_ids, *d.keep_chunk_ids]), "chunk_id")
-        result = await self.shard.replace_documents(collection, documents)
+        result = await self.shard.replace_documents(collection, documents, self._timeout(context))
         return index_pb2.ReplaceDocumentsResponse(
-            upserted=result.upserted, removed=result.removed, missing_chunk_ids=result.missing_chunk_ids
+            upserted=result.upserted,
+            removed=result.removed,
+            missing_chunk_ids=result.missing_chunk_ids,
+            stale_doc_ids=result.stale_doc_ids,
         )
 
     async def Delete(
@@ -137,7 +151,7 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
         self._limit(len(request.chunk_ids) + len(request.doc_ids), "ids")
         chunk_ids = [self._chunk_id(c, f"chunk_ids[{i}]") for i, c in enumerate(request.chunk_ids)]
         doc_ids = [self._doc_id(d, f"doc_ids[{i}]") for i, d in enumerate(request.doc_ids)]
-        removed = await self.shard.delete(collection, chunk_ids, doc_ids)
+        removed = await self.shard.delete(collection, chunk_ids, doc_ids, self._timeout(context))
         return index_pb2.DeleteResponse(removed=removed)
 
     async def Search(
@@ -170,6 +184,21 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             shard=self.shard.shard,
             shard_count=self.shard.shard_count,
             pending_wal_records=stats.pending_wal_records,
+            log_position=self.shard.log_position(collection),
+        )
+
+    async def ListDocuments(
+        self, request: index_pb2.ListDocumentsRequest, context: aio.ServicerContext
+    ) -> index_pb2.ListDocumentsResponse:
+        collection = validate_collection(request.collection)
+        size, after = document_page(request.page_size, request.page_token)
+        entries = await self.shard.list_documents(collection, after, size)
+        return index_pb2.ListDocumentsResponse(
+            documents=[
+                index_pb2.DocumentEntry(doc_id=e.doc_id, fence=e.fence, chunk_ids=e.chunk_ids)
+                for e in entries
+            ],
+            next_page_token=entries[-1].doc_id if len(entries) == size else "",
         )
 
     async def Snapshot(

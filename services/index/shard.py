@@ -1,33 +1,39 @@
-"""This process's shard: its collections, their background work, and the object store.
+"""This process's replica of one index shard: its collections, fed by the shard's replicated
+log (start-up, positions, quarantine and restores are meshkit.replstore's), and their
+background work (snapshots, uploads, rebuilds).
 
-All blocking work (FAISS, file I/O, fsync) runs in worker threads. Writes to one collection
-queue on an asyncio lock (so a burst of them holds one thread, not the pool); different
-collections never wait for each other.
+Writes: the RPC appends its request to the shard's log and waits until this replica has
+applied it. The log reader is the only writer of the collections: one entry at a time, in log
+order, in a worker thread, so every replica of the shard goes through the same states. Reads
+are local (any replica; another may lag by its apply delay).
+
+All blocking work (FAISS, file I/O, fsync) runs in worker threads.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any
 
 import numpy as np
 
-from meshkit.errors import not_found
-from meshkit.ids import validate_collection
+from meshkit.replog import LogTransport, transport_for
+from meshkit.replstore import Decoded, ReplicatedStore
 from meshkit.settings import IndexSettings
 from services.index import mutations as mut
-from services.index.metrics import RESTORES, UPLOADS
+from services.index.metrics import UPLOADS
 from services.index.remote import SnapshotRemote
 from services.index.store import (
     IDENTITY_FILE,
     CollectionIndex,
     CollectionStats,
+    DocumentEntry,
     Hit,
     IndexPolicy,
     ReplaceResult,
@@ -35,12 +41,9 @@ from services.index.store import (
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-# How often the background loop looks for due snapshots and retries failed uploads.
-_TICK_S = 1.0
-# A start-up probe of the object store must not hold the service back for long.
-_REMOTE_START_TIMEOUT_S = 20.0
+# Bytes of a log entry per chunk beyond its vector (ids and JSON framing), to pack entries.
+_CHUNK_OVERHEAD_BYTES = 96
+_KEEP_ID_BYTES = 40
 
 
 def data_dir_of(settings: IndexSettings) -> Path:
@@ -58,67 +61,93 @@ def policy_of(settings: IndexSettings) -> IndexPolicy:
     )
 
 
-def _is_collection_name(name: str) -> bool:
-    try:
-        validate_collection(name)
-    except Exception:
-        return False
-    return True
+class IndexShard(ReplicatedStore[CollectionIndex]):
+    store = "index"
 
-
-class IndexShard:
-    def __init__(self, settings: IndexSettings, remote: SnapshotRemote | None = None) -> None:
+    def __init__(
+        self,
+        settings: IndexSettings,
+        remote: SnapshotRemote | None = None,
+        transport: LogTransport | None = None,
+    ) -> None:
         if not 0 <= settings.index_shard < settings.index_shard_count:
             raise ValueError(
                 f"index_shard {settings.index_shard} is outside 0..{settings.index_shard_count - 1}"
             )
         if settings.index_dimension <= 0:
             raise ValueError("index_dimension must be positive")
-        self.settings = settings
         self.shard = settings.index_shard
         self.shard_count = settings.index_shard_count
-        self.data_dir = data_dir_of(settings)
         self.policy = policy_of(settings)
-        self.remote = remote
-        self._collections: dict[str, CollectionIndex] = {}
-        self._create_lock = asyncio.Lock()
-        self._write_locks: dict[str, asyncio.Lock] = {}
+        self.index_settings = settings
+        self.snapshot_remote = remote
+        transport = transport or transport_for(
+            settings,
+            settings.index_log_stream,
+            "index",
+            self.shard,
+            client_name=f"index-{self.shard}-{uuid.uuid4().hex[:6]}",
+        )
+        super().__init__(settings, data_dir_of(settings), transport, remote, f"index shard {self.shard}")
         self._snapshot_locks: dict[str, asyncio.Lock] = {}
         self._uploaded: dict[str, int] = {}
         self._last_upload_try: dict[str, float] = {}
-        self._scheduled: set[tuple[str, str]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._ticker: asyncio.Task[None] | None = None
+
+    # ----- the collection type -----
+
+    def open_collection(self, name: str) -> CollectionIndex:
+        return CollectionIndex.open(
+            name, self.data_dir / name, self.policy, shard=self.shard, shard_count=self.shard_count
+        )
+
+    def has_local_data(self, name: str) -> bool:
+        # A directory without its identity file is an interrupted restore or creation.
+        return (self.data_dir / name / IDENTITY_FILE).is_file()
+
+    def decode(self, data: bytes) -> Decoded:
+        record = mut.decode_record(data, self.policy.dimension)
+        if record.shard_count not in (0, self.shard_count):
+            # The subject is per shard number: a log written by another layout (before a
+            # reshard) must not be applied to this one.
+            raise ValueError(
+                f"entry written for {record.shard_count} shards, this layout has {self.shard_count}"
+            )
+        return Decoded(record.collection, record.mutation, not isinstance(record.mutation, mut.Delete))
+
+    def apply_mutation(self, collection: CollectionIndex, mutation: Any, pos: int) -> Any:
+        if isinstance(mutation, mut.Upsert):
+            return collection.upsert(mutation.chunks, pos)
+        if isinstance(mutation, mut.Replace):
+            return collection.replace_documents(mutation.documents, pos)
+        return collection.delete(mutation.chunk_ids, mutation.doc_ids, pos)
+
+    async def after_apply(self, collection: CollectionIndex, result: Any) -> None:
+        if collection.pending_wal_records >= self.index_settings.index_snapshot_every:
+            self.spawn(collection.name, "snapshot", partial(self._snapshot_quietly, collection))
+        if await asyncio.to_thread(collection.rebuild_target) is not None:
+            self.spawn(collection.name, "rebuild", partial(self._rebuild, collection))
 
     # ----- lifecycle -----
 
     async def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        for name in await asyncio.to_thread(self._local_collection_names):
-            await self._open(name)
-        if self.remote is not None:
-            await self._restore_missing(self.remote)
-        for collection in self._collections.values():
+        await super().start()
+        for collection in self.collections.values():
             # A changed index_type or threshold may call for a rebuild; rebuild() checks.
-            self._spawn(collection.name, "rebuild", partial(self._rebuild, collection))
-        self._ticker = asyncio.create_task(self._tick_forever(), name="index-snapshots")
+            self.spawn(collection.name, "rebuild", partial(self._rebuild, collection))
         log.info(
             "index shard ready",
             extra={
                 "shard": self.shard,
                 "shard_count": self.shard_count,
-                "collections": len(self._collections),
+                "collections": len(self.collections),
+                "quarantined": sorted(self.quarantined),
+                "log_position": self.log.positions.cursor,
             },
         )
 
-    async def stop(self) -> None:
-        """Final snapshot (and upload) of every dirty collection, then close the WALs."""
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
-        await self.wait_idle()
-        for collection in list(self._collections.values()):
+    async def before_stop(self) -> None:
+        """A final snapshot (and upload) of every dirty collection."""
+        for collection in list(self.collections.values()):
             try:
                 await self._snapshot(collection)
             except Exception:
@@ -126,108 +155,47 @@ class IndexShard:
                     "shutdown snapshot failed; the WAL still holds every write",
                     extra={"collection": collection.name},
                 )
-            await asyncio.to_thread(collection.close)
-        self._collections.clear()
-
-    def _local_collection_names(self) -> list[str]:
-        # A directory without its identity file is an interrupted restore or creation.
-        return sorted(
-            p.name
-            for p in self.data_dir.iterdir()
-            if p.is_dir() and _is_collection_name(p.name) and (p / IDENTITY_FILE).is_file()
-        )
-
-    async def _open(self, name: str) -> CollectionIndex:
-        collection = await asyncio.to_thread(
-            CollectionIndex.open,
-            name,
-            self.data_dir / name,
-            self.policy,
-            shard=self.shard,
-            shard_count=self.shard_count,
-        )
-        self._collections[name] = collection
-        return collection
-
-    async def _restore_missing(self, remote: SnapshotRemote) -> None:
-        """Bring back, from the object store, collections this replica has no local data for.
-        An unreachable store only costs the restore: local data is still served."""
-        try:
-            remote_latest = await asyncio.wait_for(remote.latest_sequences(), _REMOTE_START_TIMEOUT_S)
-        except Exception as exc:
-            log.warning(
-                "object store unreachable at start; serving local data only", extra={"error": repr(exc)}
-            )
-            return
-        for name, sequence in sorted(remote_latest.items()):
-            if not _is_collection_name(name):
-                continue
-            self._uploaded[name] = sequence
-            if name in self._collections:
-                continue
-            try:
-                await remote.restore(name, self.data_dir / name)
-                await self._open(name)
-            except Exception:
-                RESTORES.labels("error").inc()
-                log.exception("restore from the object store failed", extra={"collection": name})
-                continue
-            RESTORES.labels("ok").inc()
-            log.info(
-                "collection restored from the object store", extra={"collection": name, "sequence": sequence}
-            )
-
-    # ----- collections -----
-
-    def get(self, name: str) -> CollectionIndex:
-        collection = self._collections.get(name)
-        if collection is None:
-            raise not_found(f"collection {name!r} does not exist on index shard {self.shard}")
-        return collection
-
-    async def _get_or_create(self, name: str) -> CollectionIndex:
-        collection = self._collections.get(name)
-        if collection is not None:
-            return collection
-        async with self._create_lock:
-            collection = self._collections.get(name)
-            return collection if collection is not None else await self._open(name)
-
-    def _lock(self, table: dict[str, asyncio.Lock], name: str) -> asyncio.Lock:
-        return table.setdefault(name, asyncio.Lock())
-
-    async def _write(self, name: str, create: bool, work: Callable[[CollectionIndex], T]) -> T:
-        collection = await self._get_or_create(name) if create else self.get(name)
-
-        def write_and_check() -> tuple[T, bool]:
-            # The rebuild check takes the collection's lock: do it here, off the event loop.
-            return work(collection), collection.rebuild_target() is not None
-
-        async with self._lock(self._write_locks, name):
-            result, rebuild_due = await asyncio.to_thread(write_and_check)
-        if collection.pending_wal_records >= self.settings.index_snapshot_every:
-            self._spawn(name, "snapshot", partial(self._snapshot_quietly, collection))
-        if rebuild_due:
-            self._spawn(name, "rebuild", partial(self._rebuild, collection))
-        return result
 
     # ----- operations -----
 
-    async def upsert(self, name: str, chunks: mut.ChunkBatch) -> int:
-        return await self._write(name, True, lambda c: c.upsert(chunks))
+    def _chunk_bytes(self) -> int:
+        return self.policy.dimension * 4 + _CHUNK_OVERHEAD_BYTES
 
-    async def replace_documents(self, name: str, documents: list[mut.Replacement]) -> ReplaceResult:
-        has_upserts = any(d.upserts.chunk_ids for d in documents)
-        if name not in self._collections and not has_upserts:
-            # Nothing to keep in a collection that does not exist: every keep id is missing.
-            missing = [c for d in documents for c in d.keep_chunk_ids]
-            return ReplaceResult(0, 0, missing)
-        return await self._write(name, True, lambda c: c.replace_documents(documents))
+    async def _submit(self, name: str, mutation: mut.Mutation, timeout_s: float) -> Any:
+        entry = mut.encode(mutation, collection=name, shard_count=self.shard_count)
+        return await self.submit(name, entry, timeout_s)
 
-    async def delete(self, name: str, chunk_ids: list[str], doc_ids: list[str]) -> int:
-        if name not in self._collections:
-            return 0  # deleting from nothing is done (Delete is idempotent)
-        return await self._write(name, False, lambda c: c.delete(chunk_ids, doc_ids))
+    async def upsert(self, name: str, chunks: mut.ChunkBatch, timeout_s: float) -> int:
+        per_entry = max(1, self.transport.max_message_bytes // self._chunk_bytes())
+        groups = [
+            mut.ChunkBatch(
+                chunks.chunk_ids[i : i + per_entry],
+                chunks.doc_ids[i : i + per_entry],
+                chunks.vectors[i : i + per_entry],
+            )
+            for i in range(0, len(chunks.chunk_ids), per_entry)
+        ]
+        results = await asyncio.gather(*(self._submit(name, mut.Upsert(g), timeout_s) for g in groups))
+        return sum(int(r or 0) for r in results)
+
+    async def replace_documents(
+        self, name: str, documents: list[mut.Replacement], timeout_s: float
+    ) -> ReplaceResult:
+        """Each document's replacement is atomic; documents are packed into log entries of
+        bounded size (a big document is one entry of several parts)."""
+        groups = _pack(documents, self.transport.max_message_bytes, self._chunk_bytes())
+        results = await asyncio.gather(*(self._submit(name, mut.Replace(g), timeout_s) for g in groups))
+        done = [r for r in results if isinstance(r, ReplaceResult)]
+        return ReplaceResult(
+            upserted=sum(r.upserted for r in done),
+            removed=sum(r.removed for r in done),
+            missing_chunk_ids=[c for r in done for c in r.missing_chunk_ids],
+            stale_doc_ids=[d for r in done for d in r.stale_doc_ids],
+        )
+
+    async def delete(self, name: str, chunk_ids: list[str], doc_ids: list[str], timeout_s: float) -> int:
+        result = await self._submit(name, mut.Delete(chunk_ids, doc_ids), timeout_s)
+        return int(result or 0)
 
     async def search(self, name: str, query: np.ndarray, top_k: int, doc_ids: list[str]) -> list[Hit]:
         collection = self.get(name)
@@ -236,89 +204,93 @@ class IndexShard:
     async def stats(self, name: str) -> CollectionStats:
         return await asyncio.to_thread(self.get(name).stats)
 
+    async def list_documents(self, name: str, after: str, limit: int) -> list[DocumentEntry]:
+        return await asyncio.to_thread(self.get(name).list_documents, after, limit)
+
     async def snapshot(self, name: str) -> tuple[int, bool]:
         return await self._snapshot(self.get(name))
 
     # ----- background work -----
-
-    def _spawn(self, name: str, kind: str, make: Callable[[], Awaitable[None]]) -> None:
-        """Run one background job per (collection, kind) at a time."""
-        key = (name, kind)
-        if key in self._scheduled:
-            return
-        self._scheduled.add(key)
-
-        async def run() -> None:
-            try:
-                await make()
-            except Exception:
-                log.exception("background %s failed", kind, extra={"collection": name})
-            finally:
-                self._scheduled.discard(key)
-
-        task = asyncio.create_task(run(), name=f"index-{kind}-{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _rebuild(self, collection: CollectionIndex) -> None:
         # Keep going while there is a target: writes during a long build may call for another.
         while await asyncio.to_thread(collection.rebuild):
             pass
 
-    async def wait_idle(self) -> None:
-        """Wait for scheduled snapshots and rebuilds (tests, shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
     async def _snapshot_quietly(self, collection: CollectionIndex) -> None:
         await self._snapshot(collection)
 
     async def _snapshot(self, collection: CollectionIndex) -> tuple[int, bool]:
-        async with self._lock(self._snapshot_locks, collection.name):
-            outcome = await asyncio.to_thread(collection.snapshot)
+        async with self._snapshot_locks.setdefault(collection.name, asyncio.Lock()):
+            outcome = await asyncio.to_thread(
+                collection.snapshot,
+                log_position=partial(self.log.positions.of, collection.name),
+                log_id=self.log.positions.log_id,
+            )
             uploaded = await self._upload(collection)
         return outcome.sequence, uploaded
 
     async def _upload(self, collection: CollectionIndex) -> bool:
-        """Upload the current snapshot unless the store already has it. A failure is logged
-        and counted, never raised: the next snapshot (or tick) tries again."""
+        """Upload the current snapshot unless the store already has it (from this replica or
+        another one of the shard). A failure is logged and counted, never raised: the next
+        snapshot (or tick) tries again."""
+        remote = self.snapshot_remote
         directory = collection.snapshot_directory
-        sequence = collection.snapshot_sequence
-        if self.remote is None or not self.settings.index_upload_snapshots or directory is None:
+        log_pos = collection.snapshot_log_position
+        if remote is None or not self.index_settings.index_upload_snapshots or directory is None:
             return False
-        if self._uploaded.get(collection.name) == sequence:
+        if self._uploaded.get(collection.name) == log_pos:
             return True
         self._last_upload_try[collection.name] = time.monotonic()
+        log_id = collection.snapshot_log_id
         try:
-            await self.remote.upload(collection.name, directory, sequence, collection.directory)
+            current = await remote.pointer(collection.name)
+            if current is None or current.log_id != log_id or current.log_pos < log_pos:
+                await remote.upload(collection.name, directory, log_pos, log_id, collection.directory)
         except Exception as exc:
             UPLOADS.labels("error").inc()
             log.warning(
                 "snapshot upload failed; will retry",
-                extra={"collection": collection.name, "sequence": sequence, "error": repr(exc)},
+                extra={"collection": collection.name, "log_position": log_pos, "error": str(exc)},
             )
             return False
         UPLOADS.labels("ok").inc()
-        self._uploaded[collection.name] = sequence
+        self._uploaded[collection.name] = log_pos
         return True
 
-    async def _tick_forever(self) -> None:
-        while True:
-            await asyncio.sleep(min(_TICK_S, self.settings.index_snapshot_interval_s))
-            for collection in list(self._collections.values()):
-                if self._snapshot_due(collection) or self._upload_due(collection):
-                    self._spawn(collection.name, "snapshot", partial(self._snapshot_quietly, collection))
+    async def on_tick(self) -> None:
+        for collection in list(self.collections.values()):
+            if self._snapshot_due(collection) or self._upload_due(collection):
+                self.spawn(collection.name, "snapshot", partial(self._snapshot_quietly, collection))
 
     def _snapshot_due(self, collection: CollectionIndex) -> bool:
         age = time.monotonic() - collection.last_snapshot_at
-        return collection.dirty and age >= self.settings.index_snapshot_interval_s
+        return collection.dirty and age >= self.index_settings.index_snapshot_interval_s
 
     def _upload_due(self, collection: CollectionIndex) -> bool:
-        if self.remote is None or not self.settings.index_upload_snapshots:
+        if self.snapshot_remote is None or not self.index_settings.index_upload_snapshots:
             return False
         if collection.snapshot_directory is None:
             return False
-        if self._uploaded.get(collection.name) == collection.snapshot_sequence:
+        if self._uploaded.get(collection.name) == collection.snapshot_log_position:
             return False
         last_try = self._last_upload_try.get(collection.name, 0.0)
-        return time.monotonic() - last_try >= self.settings.index_snapshot_interval_s
+        return time.monotonic() - last_try >= self.index_settings.index_snapshot_interval_s
+
+
+def _pack(documents: Sequence[mut.Replacement], budget: int, chunk_bytes: int) -> list[list[mut.Replacement]]:
+    """Documents in request order, grouped so each group's entry stays within ``budget`` bytes
+    (a document bigger than that is a group alone: one entry of several parts)."""
+    groups: list[list[mut.Replacement]] = []
+    current: list[mut.Replacement] = []
+    size = 0
+    for doc in documents:
+        doc_size = len(doc.upserts.chunk_ids) * chunk_bytes + len(doc.keep_chunk_ids) * _KEEP_ID_BYTES + 128
+        if current and size + doc_size > budget:
+            groups.append(current)
+            current, size = [], 0
+        current.append(doc)
+        size += doc_size
+    if current:
+        groups.append(current)
+    return groups

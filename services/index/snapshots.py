@@ -18,16 +18,16 @@ import os
 import shutil
 import tarfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
 
+from meshkit.fsutil import fsync_dir, write_atomic
 from meshkit.ids import sha256_file
 from services.index.backends import BackendState
-from services.index.fsutil import fsync_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,10 @@ class SnapshotData:
     chunk_ids: list[str]
     doc_ids: list[str]
     vectors: np.ndarray
+    # doc id -> fence (tombstones included), and how far in the replicated log it reaches.
+    fences: dict[str, int] = field(default_factory=dict)
+    log_pos: int = 0
+    log_id: str = ""
 
 
 @dataclass
@@ -110,6 +114,9 @@ def write_snapshot(collection_dir: Path, data: SnapshotData) -> Path:
             "backend": data.backend.extra,
             "chunk_ids": data.chunk_ids,
             "doc_ids": data.doc_ids,
+            "fences": data.fences,
+            "log_pos": data.log_pos,
+            "log": data.log_id,
             "files": files,
         }
         _write_file(tmp / _META, lambda f: f.write(json.dumps(meta).encode("utf-8")))

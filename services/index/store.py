@@ -1,8 +1,16 @@
 """One collection's dense index on this shard: FAISS backend + side store + WAL + snapshots.
 
-Write path: validate against the current state, append the mutation to the WAL (fsynced),
-then apply it in memory. A crash before the fsync loses an unacknowledged write; a crash after
-it is repaired by replaying the WAL on top of the latest snapshot.
+Write path (the shard's log applier calls it for every entry of the replicated log, in order):
+validate against the current state, append the mutation to the WAL (fsynced, with the log
+position it came from), then apply it in memory. A crash before the fsync loses nothing the log
+does not still hold; a crash after it is repaired by replaying the WAL on top of the latest
+snapshot. Every step depends only on the state and the mutation, so replicas applying the same
+log agree.
+
+Fences: each document keeps the highest fence a replacement brought it (also once its chunks
+are gone: a tombstone). A replacement with a lower fence is refused (``stale_doc_ids``) and
+changes nothing; an equal one is applied again (a writer's retry); fence 0 is unfenced (Upsert,
+Delete, callers without a claim) and leaves the stored fence as it is.
 
 Locks (always taken in this order):
 - ``_write_lock`` serialises mutations, and lets a snapshot see a state and a WAL position
@@ -18,7 +26,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -26,6 +34,7 @@ from typing import Literal
 import numpy as np
 
 from meshkit.errors import failed_precondition
+from meshkit.fsutil import fsync_dir, write_atomic
 from services.index import mutations as mut
 from services.index.backends import (
     Backend,
@@ -36,7 +45,6 @@ from services.index.backends import (
     build_backend,
     restore_backend,
 )
-from services.index.fsutil import fsync_dir, write_atomic
 from services.index.metrics import (
     PENDING_WAL,
     REBUILDS,
@@ -110,6 +118,14 @@ class ReplaceResult:
     upserted: int
     removed: int
     missing_chunk_ids: list[str]
+    stale_doc_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DocumentEntry:
+    doc_id: str
+    fence: int
+    chunk_ids: list[str]
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,7 @@ class CollectionStats:
     dimension: int
     sequence: int
     snapshot_sequence: int
+    log_position: int = 0
 
     @property
     def pending_wal_records(self) -> int:
@@ -150,6 +167,8 @@ class _State:
     # FAISS id -> (chunk id, doc id), and doc id -> FAISS ids of its chunks.
     meta: dict[int, tuple[str, str]] = field(default_factory=dict)
     docs: dict[str, set[int]] = field(default_factory=dict)
+    # doc id -> highest fence applied (kept after the document's chunks are gone).
+    fences: dict[str, int] = field(default_factory=dict)
 
 
 class CollectionIndex:
@@ -176,6 +195,11 @@ class CollectionIndex:
         self._wal = WriteAheadLog(directory / "wal")
         self._applied_seq = 0
         self._snapshot_seq = 0
+        # Log position of the last entry applied here, and the log it belongs to (snapshots).
+        self._log_pos = 0
+        # Where in the log the current snapshot ends, and which log that is.
+        self._snapshot_log_pos = 0
+        self.snapshot_log_id = ""
         self._snapshot_dir: Path | None = None
         self._layout_changed = False
         # FAISS ids changed while a rebuild works on a copy; None when no rebuild runs.
@@ -259,18 +283,24 @@ class CollectionIndex:
             log.warning("snapshot index unusable, rebuilding from vectors", extra={"reason": str(exc)})
             backend = build_backend("flat", self.policy.backend_config(), fids, snap.vectors)
         s.backend = backend
+        s.fences = {str(d): int(f) for d, f in meta.get("fences", {}).items()}
         self._applied_seq = self._snapshot_seq = snap.sequence
+        self._log_pos = self._snapshot_log_pos = int(meta.get("log_pos", 0))
+        self.snapshot_log_id = str(meta.get("log", ""))
 
     def _replay(self, seq: int, payload: bytes) -> None:
-        mutation = mut.decode(payload, self.policy.dimension)
+        record = mut.decode_record(payload, self.policy.dimension)
+        mutation = record.mutation
         with self._state.write():
             if isinstance(mutation, mut.Upsert):
                 self._add(mutation.chunks)
             elif isinstance(mutation, mut.Replace):
                 self._apply_plan(self._plan_replace(mutation.documents))
+                self._s.fences.update(self._fence_changes(mutation.documents))
             else:
                 self._remove(self._delete_targets(mutation.chunk_ids, mutation.doc_ids))
             self._applied_seq = seq
+            self._log_pos = max(self._log_pos, record.pos)
 
     def close(self) -> None:
         with self._write_lock:
@@ -278,48 +308,64 @@ class CollectionIndex:
 
     # ----- writes -----
 
-    def upsert(self, chunks: mut.ChunkBatch) -> int:
+    # ``pos`` is the log position of the entry being applied (0: not from a log).
+
+    def upsert(self, chunks: mut.ChunkBatch, pos: int = 0) -> int:
         if not chunks.chunk_ids:
             return 0
         with self._write_lock:
             self._check_collisions(chunks.chunk_ids)
-            seq = self._log(mut.Upsert(chunks))
+            seq = self._log(mut.Upsert(chunks), pos)
             with self._state.write():
                 self._add(chunks)
-                self._applied_seq = seq
+                self._applied(seq, pos)
         self._publish_gauges()
         return len(chunks.chunk_ids)
 
-    def replace_documents(self, documents: list[mut.Replacement]) -> ReplaceResult:
+    def replace_documents(self, documents: list[mut.Replacement], pos: int = 0) -> ReplaceResult:
         with self._write_lock:
-            self._check_collisions([c for d in documents for c in d.upserts.chunk_ids])
             with self._state.read():
-                plan = self._plan_replace(documents)
+                stored = self._s.fences
+                stale = [d.doc_id for d in documents if 0 < d.fence < stored.get(d.doc_id, 0)]
+                accepted = [d for d in documents if not 0 < d.fence < stored.get(d.doc_id, 0)]
+            self._check_collisions([c for d in accepted for c in d.upserts.chunk_ids])
+            with self._state.read():
+                plan = self._plan_replace(accepted)
+                fences = self._fence_changes(accepted)
             upserted = sum(len(b.chunk_ids) for b in plan.upserts)
-            if plan.remove or upserted:
-                seq = self._log(mut.Replace(documents))
+            if plan.remove or upserted or fences:
+                seq = self._log(mut.Replace(accepted), pos)
                 with self._state.write():
                     self._apply_plan(plan)
-                    self._applied_seq = seq
+                    self._s.fences.update(fences)
+                    self._applied(seq, pos)
         self._publish_gauges()
-        return ReplaceResult(upserted, plan.removed, plan.missing)
+        return ReplaceResult(upserted, plan.removed, plan.missing, stale)
 
-    def delete(self, chunk_ids: list[str], doc_ids: list[str]) -> int:
+    def delete(self, chunk_ids: list[str], doc_ids: list[str], pos: int = 0) -> int:
         with self._write_lock:
             with self._state.read():
                 targets = self._delete_targets(chunk_ids, doc_ids)
             if not targets:
                 return 0  # nothing to do, nothing to log
-            seq = self._log(mut.Delete(chunk_ids, doc_ids))
+            seq = self._log(mut.Delete(chunk_ids, doc_ids), pos)
             with self._state.write():
                 self._remove(targets)
-                self._applied_seq = seq
+                self._applied(seq, pos)
         self._publish_gauges()
         return len(targets)
 
-    def _log(self, mutation: mut.Mutation) -> int:
+    def _applied(self, seq: int, pos: int) -> None:
+        self._applied_seq = seq
+        self._log_pos = max(self._log_pos, pos)
+
+    def _fence_changes(self, documents: list[mut.Replacement]) -> dict[str, int]:
+        stored = self._s.fences
+        return {d.doc_id: d.fence for d in documents if d.fence > stored.get(d.doc_id, 0)}
+
+    def _log(self, mutation: mut.Mutation, pos: int = 0) -> int:
         started = time.perf_counter()
-        seq = self._wal.append(mut.encode(mutation))
+        seq = self._wal.append(mut.encode(mutation, pos=pos))
         WAL_APPEND_LATENCY.observe(time.perf_counter() - started)
         WAL_APPENDS.labels(mut.op_name(mutation)).inc()
         return seq
@@ -460,7 +506,37 @@ class CollectionIndex:
                 dimension=self.policy.dimension,
                 sequence=self._applied_seq,
                 snapshot_sequence=self._snapshot_seq,
+                log_position=self._log_pos,
             )
+
+    def list_documents(self, after: str, limit: int) -> list[DocumentEntry]:
+        """Documents in doc_id order after ``after``: those with chunks here and tombstones
+        (fenced documents whose chunks are gone), each with its fence and sorted chunk ids."""
+        with self._state.read():
+            s = self._s
+            names = sorted(d for d in set(s.docs) | set(s.fences) if d > after)[:limit]
+            return [
+                DocumentEntry(
+                    doc_id,
+                    s.fences.get(doc_id, 0),
+                    sorted(s.meta[fid][0] for fid in s.docs.get(doc_id, ())),
+                )
+                for doc_id in names
+            ]
+
+    @property
+    def log_position(self) -> int:
+        """Log position of the last entry applied to this collection (lock-free read)."""
+        return self._log_pos
+
+    @property
+    def recovered_cleanly(self) -> bool:
+        return not self._wal.torn_bytes_dropped
+
+    def restart_log(self) -> None:
+        """The log was recreated: positions of the old one mean nothing any more."""
+        with self._write_lock:
+            self._log_pos = 0
 
     def _publish_gauges(self) -> None:
         VECTORS.labels(self.name).set(len(self._s.table))
@@ -483,11 +559,21 @@ class CollectionIndex:
         return self._snapshot_seq
 
     @property
+    def snapshot_log_position(self) -> int:
+        return self._snapshot_log_pos
+
+    @property
     def pending_wal_records(self) -> int:
         return self._applied_seq - self._snapshot_seq
 
-    def snapshot(self, *, force: bool = False) -> SnapshotOutcome:
+    def snapshot(
+        self, *, force: bool = False, log_position: Callable[[], int] | None = None, log_id: str = ""
+    ) -> SnapshotOutcome:
         """Write a snapshot of the current state, switch CURRENT to it, drop the WAL it covers.
+
+        ``log_position()`` (read while writes are held) says how far in the log the shard has
+        applied every entry: the snapshot covers up to the later of it and this collection's
+        own last entry, which is where a replica restoring it resumes the log.
 
         Only the copy happens under the locks; the (slow) write runs while searches and new
         writes go on, and the WAL records they add land in a fresh segment that stays."""
@@ -497,6 +583,9 @@ class CollectionIndex:
                     return SnapshotOutcome(self._snapshot_seq, self._snapshot_dir, written=False)
                 with self._state.read():
                     data = self._copy_for_snapshot()
+                    if log_position is not None:
+                        data.log_pos = max(data.log_pos, log_position())
+                    data.log_id = log_id
                     self._layout_changed = False
                 keep_from = self._wal.rotate()
             started = time.perf_counter()
@@ -511,6 +600,8 @@ class CollectionIndex:
             with self._write_lock:
                 self._snapshot_seq = data.sequence
                 self._snapshot_dir = directory
+                self._snapshot_log_pos = data.log_pos
+                self.snapshot_log_id = data.log_id
                 self._wal.drop_segments_before(keep_from)
             prune(self.directory, keep=directory)
             self.last_snapshot_at = time.monotonic()
@@ -537,6 +628,8 @@ class CollectionIndex:
             chunk_ids=[p[0] for p in pairs],
             doc_ids=[p[1] for p in pairs],
             vectors=vectors,
+            fences=dict(s.fences),
+            log_pos=self._log_pos,
         )
 
     # ----- rebuilds -----

@@ -1,10 +1,17 @@
 """One collection of the sparse service: a tantivy index (BM25 over title and body, plus a
-lower-cased unstemmed copy for exact phrases) and the chunk text files that ripgrep scans.
+lower-cased unstemmed copy for exact phrases), the chunk text files that ripgrep scans, and the
+replication state (fences, log position) in SQLite.
 
 Layout under ``<data_dir>/<collection>/``: ``index/`` holds tantivy's files, ``chunks/<2 hex>/
-<chunk_id>.txt`` the text. tantivy's commit is the point of truth: files are written before it
-and removed after it, so a crash can only leave extra files, which readers drop by checking the
-chunk ids against the committed index.
+<chunk_id>.txt`` the text, ``state.sqlite`` the fences and log position. tantivy's commit is the
+point of truth: files are written before it and removed after it, so a crash can only leave
+extra files, which readers drop by checking the chunk ids against the committed index. The
+state is written right after the commit: a crash in between leaves it one entry behind, and
+that entry is applied again on restart, which changes nothing (a replacement sets a document's
+chunks; applying it twice in a row gives the same state).
+
+Fences: as in the index (services/index/store.py): a replacement with a lower fence than the
+document's is refused and changes nothing, an equal one is applied again, 0 is unfenced.
 
 Everything here is blocking; the servicer calls it from threads.
 """
@@ -15,8 +22,9 @@ import contextlib
 import logging
 import os
 import re
+import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +35,7 @@ from tantivy import Occur, Query
 log = logging.getLogger(__name__)
 
 EXACT_TOKENIZER = "ragmesh_exact"
+STATE_FILE = "state.sqlite"
 # Tokens longer than this are dropped by the exact analyzer; long identifiers (hashes, paths)
 # are exactly what the exact leg exists for, so the limit is far above en_stem's 40.
 _EXACT_MAX_TOKEN_CHARS = 255
@@ -104,6 +113,8 @@ class DocumentUpdate:
     doc_id: str
     upserts: Sequence[ChunkRecord]
     keep_chunk_ids: Sequence[str]
+    # The writer's fencing token (0: unfenced).
+    fence: int = 0
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,76 @@ class ReplaceResult:
     upserted: int
     removed: int
     missing_chunk_ids: list[str]
+    stale_doc_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DocumentEntry:
+    doc_id: str
+    fence: int
+    chunk_ids: list[str]
+
+
+class CollectionState:
+    """Fences (tombstones included) and the log position of one collection, in SQLite next to
+    its index: every change is one transaction, fsynced."""
+
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS fences (doc_id TEXT PRIMARY KEY, fence INTEGER NOT NULL)"
+        )
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        self.fences: dict[str, int] = dict(self._db.execute("SELECT doc_id, fence FROM fences").fetchall())
+        meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        self.log_pos = int(meta.get("log_pos", "0"))
+        self.log_id = str(meta.get("log", ""))
+
+    def record(self, fences: dict[str, int], log_pos: int) -> None:
+        if not fences and log_pos <= self.log_pos:
+            return
+        with self._transaction():
+            self._db.executemany(
+                "INSERT INTO fences (doc_id, fence) VALUES (?, ?) "
+                "ON CONFLICT(doc_id) DO UPDATE SET fence = excluded.fence",
+                list(fences.items()),
+            )
+            if log_pos > self.log_pos:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('log_pos', ?)", (str(log_pos),)
+                )
+        self.fences.update(fences)
+        self.log_pos = max(self.log_pos, log_pos)
+
+    def set_log(self, log_id: str, log_pos: int) -> None:
+        with self._transaction():
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('log', ?)", (log_id,))
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('log_pos', ?)", (str(log_pos),)
+            )
+        self.log_id, self.log_pos = log_id, log_pos
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def backup_to(self, path: Path) -> None:
+        target = sqlite3.connect(str(path))
+        try:
+            self._db.backup(target)
+        finally:
+            target.close()
+
+    def close(self) -> None:
+        self._db.close()
 
 
 @dataclass(frozen=True)
@@ -217,16 +298,50 @@ class Collection:
         self._index.register_tokenizer(EXACT_TOKENIZER, exact_analyzer())
         self._writer: tantivy.IndexWriter | None = None
         self._write_lock = threading.Lock()
+        self.state = CollectionState(self.dir / STATE_FILE)
 
     @staticmethod
     def exists(root: Path, name: str) -> bool:
         return (root / name / "index" / "meta.json").is_file()
 
+    @classmethod
+    def open(cls, root: Path, name: str, heap_bytes: int, title_boost: float) -> Collection:
+        """Open (or create) a collection and drop the chunk files a crash left behind."""
+        collection = cls(root, name, heap_bytes, title_boost)
+        orphans = collection.sweep_orphan_files()
+        if orphans:
+            log.info("removed orphan chunk files", extra={"collection": name, "files": orphans})
+        return collection
+
+    @property
+    def log_position(self) -> int:
+        return self.state.log_pos
+
+    @property
+    def snapshot_log_id(self) -> str:
+        return self.state.log_id
+
+    @property
+    def recovered_cleanly(self) -> bool:
+        return True  # tantivy opens at its last commit; the state is never ahead of it
+
+    def restart_log(self) -> None:
+        with self._write_lock:
+            self.state.set_log("", 0)
+
     # --- writes ---
 
-    def replace_documents(self, documents: Sequence[DocumentUpdate]) -> ReplaceResult:
-        """Set each document's chunks to its kept + upserted ones, in one commit."""
+    def replace_documents(self, documents: Sequence[DocumentUpdate], pos: int = 0) -> ReplaceResult:
+        """Set each document's chunks to its kept + upserted ones, in one commit (documents
+        whose fence is lower than theirs are left as they are and reported stale). ``pos``:
+        the log position of the entry being applied (0: not from a log)."""
         with self._write_lock:
+            stored = self.state.fences
+            stale = [d.doc_id for d in documents if 0 < d.fence < stored.get(d.doc_id, 0)]
+            documents = [d for d in documents if not 0 < d.fence < stored.get(d.doc_id, 0)]
+            if not documents:
+                return ReplaceResult(0, 0, [], stale)
+            fences = {d.doc_id: d.fence for d in documents if d.fence > stored.get(d.doc_id, 0)}
             searcher = self._index.searcher()
             existing = self._chunks_of_documents(searcher, [d.doc_id for d in documents])
             upserts = [c for d in documents for c in d.upserts]
@@ -247,9 +362,11 @@ class Collection:
                 self.files.remove(upsert_ids - already_live)
                 raise
             self.files.remove(removed)
-            return ReplaceResult(len(upserts), len(removed), list(dict.fromkeys(missing)))
+            self.state.record(fences, pos)
+            return ReplaceResult(len(upserts), len(removed), list(dict.fromkeys(missing)), stale)
 
-    def delete(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> int:
+    def delete(self, chunk_ids: Sequence[str], doc_ids: Sequence[str], pos: int = 0) -> int:
+        """Remove chunks by id and whole documents (their fences stay: tombstones)."""
         with self._write_lock:
             searcher = self._index.searcher()
             doomed = set(self._live(searcher, chunk_ids))
@@ -258,6 +375,7 @@ class Collection:
                 return 0
             self._commit(deletes=sorted(doomed), adds=[])
             self.files.remove(doomed)
+            self.state.record({}, pos)
             return len(doomed)
 
     def _commit(self, deletes: Iterable[str], adds: Sequence[ChunkRecord]) -> None:
@@ -299,6 +417,44 @@ class Collection:
     def close(self) -> None:
         with self._write_lock:
             self._writer = None
+            self.state.close()
+
+    # --- snapshots ---
+
+    def copy_for_snapshot(self, dest: Path, log_position: Callable[[], int], log_id: str) -> int:
+        """A consistent copy of the collection in ``dest`` (``index/`` and ``state.sqlite``),
+        taken while writes wait: background merges are finished first so the files stand
+        still, and tantivy's files are hard-linked (it never rewrites a file in place).
+        ``log_position()`` says how far the store has applied the log; returns the position
+        the copy covers. Chunk files are not copied: a restore writes them from the index."""
+        with self._write_lock:
+            if self._writer is not None:
+                writer, self._writer = self._writer, None
+                writer.wait_merging_threads()
+            (dest / "index").mkdir(parents=True)
+            for path in self.index_dir.iterdir():
+                if path.is_file() and not path.name.endswith(".lock"):
+                    os.link(path, dest / "index" / path.name)
+            self.state.backup_to(dest / STATE_FILE)
+            covered = max(self.state.log_pos, log_position())
+        copy = CollectionState(dest / STATE_FILE)
+        try:
+            copy.set_log(log_id, covered)
+        finally:
+            copy.close()
+        return covered
+
+    def write_chunk_files(self) -> int:
+        """Write the chunk file of every committed chunk (after a restore: files are not in
+        snapshots, the index holds their text)."""
+        with self._write_lock:
+            searcher = self._index.searcher()
+            total = int(searcher.num_docs)
+            if not total:
+                return 0
+            hits = searcher.search(Query.all_query(), limit=total, count=False).hits
+            self.files.write(_to_record(searcher.doc(address)) for _score, address in hits)
+            return total
 
     # --- reads ---
 
@@ -368,6 +524,24 @@ class Collection:
             for r in (_to_record(searcher.doc(a)) for _s, a in searcher.search(query, limit=len(ids)).hits)
         }
         return [found[cid] for cid in ids if cid in found]
+
+    def list_documents(self, after: str, limit: int) -> list[DocumentEntry]:
+        """Documents in doc_id order after ``after``: those with chunks and tombstones (fenced
+        documents whose chunks are gone), each with its fence and sorted chunk ids."""
+        searcher = self._index.searcher()
+        with_chunks = {
+            str(term)
+            for term, count in searcher.terms_with_prefix("doc_id", "", filter_query=Query.all_query())
+            if count > 0
+        }
+        fences = dict(self.state.fences)
+        names = sorted(d for d in with_chunks | set(fences) if d > after)[:limit]
+        chunks: dict[str, list[str]] = {}
+        for chunk_id, doc_id in self._chunks_of_documents(
+            searcher, [d for d in names if d in with_chunks]
+        ).items():
+            chunks.setdefault(doc_id, []).append(chunk_id)
+        return [DocumentEntry(d, fences.get(d, 0), sorted(chunks.get(d, []))) for d in names]
 
     def stats(self) -> tuple[int, int]:
         """(chunks, distinct documents) of the committed index."""

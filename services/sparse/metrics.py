@@ -27,3 +27,8 @@ MISSING_KEEPS = Counter(
     "ragmesh_sparse_missing_keep_chunks_total", "keep_chunk_ids that were not in the index."
 )
 RIPGREP_TIMEOUTS = Counter("ragmesh_sparse_ripgrep_timeouts_total", "Exact searches that ran out of time.")
+SNAPSHOT_UPLOADS = Counter(
+    "ragmesh_sparse_snapshot_uploads_total",
+    "Collection snapshots uploaded to the object store, by result.",
+    ["result"],
+)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from grpc import aio
 
-from meshkit.errors import deadline_exceeded, invalid_argument, not_found, resource_exhausted
+from meshkit.errors import deadline_exceeded, invalid_argument, resource_exhausted
 from meshkit.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
-from meshkit.ids import validate_chunk_id, validate_collection, validate_doc_id
+from meshkit.ids import document_page, validate_chunk_id, validate_collection, validate_doc_id
+from meshkit.replog import write_timeout
 from meshkit.server import ServiceSpec
 from meshkit.settings import SparseSettings
 from ragmesh.common.v1 import common_pb2
@@ -28,13 +28,9 @@ from services.sparse.exact import (
     rank,
     ripgrep_counts,
 )
-from services.sparse.store import SparseStore
+from services.sparse.store import SparseRemote, SparseStore
 
 MAX_KEYWORD_CHARS = 200
-
-
-def data_dir(settings: SparseSettings) -> Path:
-    return settings.sparse_data_dir or settings.state_dir / "sparse"
 
 
 class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
@@ -44,26 +40,23 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         self.rg = find_ripgrep()
         if settings.sparse_exact_mode == "ripgrep" and self.rg is None:
             raise RuntimeError("sparse_exact_mode is 'ripgrep' but no rg binary was found")
-        # One writer at a time per collection without parking an executor thread per waiter.
-        self._write_locks: dict[str, asyncio.Lock] = {}
 
-    # --- writes ---
+    def _timeout(self, context: aio.ServicerContext) -> float:
+        return write_timeout(context.time_remaining(), self.settings.store_write_timeout_s)
+
+    # --- writes: validated here, then through the replicated log (SparseStore) ---
 
     async def ReplaceDocuments(
         self, request: sparse_pb2.ReplaceDocumentsRequest, context: aio.ServicerContext
     ) -> sparse_pb2.ReplaceDocumentsResponse:
-        name = validate_collection(request.collection)
-        documents = self._document_updates(request.documents)
-        async with self._write_lock(name):
-            started = time.perf_counter()
-            collection = await asyncio.to_thread(self.store.get_or_create, name)
-            result = await asyncio.to_thread(collection.replace_documents, documents)
-            metrics.COMMIT_SECONDS.labels("replace").observe(time.perf_counter() - started)
-        metrics.CHUNKS_WRITTEN.labels("upsert").inc(result.upserted)
-        metrics.CHUNKS_WRITTEN.labels("remove").inc(result.removed)
-        metrics.MISSING_KEEPS.inc(len(result.missing_chunk_ids))
+        validate_collection(request.collection)
+        self._document_updates(request.documents)
+        result = await self.store.replace_documents(request, self._timeout(context))
         return sparse_pb2.ReplaceDocumentsResponse(
-            upserted=result.upserted, removed=result.removed, missing_chunk_ids=result.missing_chunk_ids
+            upserted=result.upserted,
+            removed=result.removed,
+            missing_chunk_ids=result.missing_chunk_ids,
+            stale_doc_ids=result.stale_doc_ids,
         )
 
     async def Delete(
@@ -75,14 +68,8 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         self._check_count("chunk_ids + doc_ids", len(request.chunk_ids) + len(request.doc_ids))
         chunk_ids = [validate_chunk_id(c) for c in request.chunk_ids]
         doc_ids = [validate_doc_id(d) for d in request.doc_ids]
-        collection = await asyncio.to_thread(self.store.get, name)
-        if collection is None:
-            return sparse_pb2.DeleteResponse(removed=0)  # idempotent: nothing there to delete
-        async with self._write_lock(name):
-            started = time.perf_counter()
-            removed = await asyncio.to_thread(collection.delete, chunk_ids, doc_ids)
-            metrics.COMMIT_SECONDS.labels("delete").observe(time.perf_counter() - started)
-        metrics.CHUNKS_WRITTEN.labels("remove").inc(removed)
+        delete = sparse_pb2.DeleteRequest(collection=name, chunk_ids=chunk_ids, doc_ids=doc_ids)
+        removed = await self.store.delete(delete, self._timeout(context))
         return sparse_pb2.DeleteResponse(removed=removed)
 
     # --- reads ---
@@ -143,7 +130,24 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         name = validate_collection(request.collection)
         collection = await self._existing(name)
         chunks, documents = await asyncio.to_thread(collection.stats)
-        return sparse_pb2.GetStatsResponse(collection=name, chunks=chunks, documents=documents)
+        return sparse_pb2.GetStatsResponse(
+            collection=name, chunks=chunks, documents=documents, log_position=self.store.log_position(name)
+        )
+
+    async def ListDocuments(
+        self, request: sparse_pb2.ListDocumentsRequest, context: aio.ServicerContext
+    ) -> sparse_pb2.ListDocumentsResponse:
+        name = validate_collection(request.collection)
+        size, after = document_page(request.page_size, request.page_token)
+        collection = await self._existing(name)
+        entries = await asyncio.to_thread(collection.list_documents, after, size)
+        return sparse_pb2.ListDocumentsResponse(
+            documents=[
+                sparse_pb2.DocumentEntry(doc_id=e.doc_id, fence=e.fence, chunk_ids=e.chunk_ids)
+                for e in entries
+            ],
+            next_page_token=entries[-1].doc_id if len(entries) == size else "",
+        )
 
     # --- helpers ---
 
@@ -162,14 +166,8 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         doc_of = await asyncio.to_thread(collection.live_documents, counts.keys(), doc_ids)
         return rank(counts, doc_of, keywords, top_k)
 
-    def _write_lock(self, name: str) -> asyncio.Lock:
-        return self._write_locks.setdefault(name, asyncio.Lock())
-
     async def _existing(self, name: str) -> Collection:
-        collection = await asyncio.to_thread(self.store.get, name)
-        if collection is None:
-            raise not_found(f"collection {name!r} does not exist")
-        return collection
+        return self.store.get(name)  # NOT_FOUND, or UNAVAILABLE when quarantined here
 
     def _top_k(self, top_k: int) -> int:
         if top_k == 0:
@@ -226,7 +224,7 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
                 if chunk_id in seen_chunks:
                     raise invalid_argument(f"chunk_id {chunk_id} is upserted twice")
                 seen_chunks.add(chunk_id)
-            updates.append(DocumentUpdate(doc_id, upserts, keeps))
+            updates.append(DocumentUpdate(doc_id, upserts, keeps, document.fence))
         return updates
 
     def _chunk_record(self, doc_id: str, chunk: sparse_pb2.ChunkText) -> ChunkRecord:
@@ -286,20 +284,18 @@ CALLERS: Callers = {
 }
 
 
-def build_spec(settings: SparseSettings) -> ServiceSpec:
-    root = data_dir(settings)
-    root.mkdir(parents=True, exist_ok=True)
-    store = SparseStore(root, settings.sparse_writer_heap_bytes, settings.sparse_title_boost)
+def build_spec(settings: SparseSettings, store: SparseStore | None = None) -> ServiceSpec:
+    """The service description ``run_service``/``start_service`` need (tests pass a store)."""
+    if store is None:
+        remote = SparseRemote.from_settings(settings) if settings.sparse_upload_snapshots else None
+        store = SparseStore(settings, remote)
     servicer = SparseServicer(settings, store)
-
-    async def close() -> None:
-        await asyncio.to_thread(store.close)
-
     return ServiceSpec(
         name="sparse",
         grpc_services=[sparse_pb2.DESCRIPTOR.services_by_name["SparseService"].full_name],
         register=lambda server: sparse_pb2_grpc.add_SparseServiceServicer_to_server(servicer, server),
-        on_stop=[close],
+        on_start=[store.start],
+        on_stop=[store.stop],
         callers=CALLERS,
         # A write may carry sparse_max_batch_chunks chunks of up to sparse_max_chunk_chars each, more
         # than any message may hold: the mesh-wide message limit is its bound.

@@ -41,10 +41,11 @@ class Mesh:
         self.ingestion = ingestion_pb2_grpc.IngestionServiceStub(self._channel("ingestion"))
         self.embedder = embedder_pb2_grpc.EmbedderServiceStub(self._channel("embedder"))
         self.sparse = sparse_pb2_grpc.SparseServiceStub(self._channel("sparse"))
+        # One replica per shard (the first): replicas hold the same data once caught up.
         self.shards = [
-            index_pb2_grpc.IndexServiceStub(self._channel(name))
-            for name in stack.names()
-            if name.startswith("index-")
+            index_pb2_grpc.IndexServiceStub(self._channel(replicas[0].name))
+            for replicas in (stack.shard_replicas(i) for i in range(stack.index_shards))
+            if replicas
         ]
 
     def channel(self, name: str) -> aio.Channel:

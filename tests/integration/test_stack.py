@@ -34,7 +34,10 @@ def _expected_names(stack: Stack) -> set[str]:
     names = {"nats", "s3"}
     for kind in stack.services:
         if kind == "index":
-            names |= {f"index-{i}" for i in range(stack.index_shards)}
+            replicas = stack.replicas.get(kind, 1)
+            names |= {
+                replica_name(f"index-{i}", r) for i in range(stack.index_shards) for r in range(replicas)
+            }
         elif kind == "worker":
             names |= {f"worker-{i}" for i in range(stack.workers)}
         else:

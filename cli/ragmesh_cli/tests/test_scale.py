@@ -35,12 +35,50 @@ def test_workers_option_keeps_its_ingestion_meaning() -> None:
     assert (args.replicas, args.workers) == ("reranker=2", "gateway=2")
 
 
-@pytest.mark.parametrize("kind", ["index", "sparse", "ingestion", "worker", "llm"])
+@pytest.mark.parametrize("kind", ["ingestion", "worker", "llm"])
 def test_stateful_kinds_refuse_replicas_and_workers(tmp_path: Path, kind: str) -> None:
     with pytest.raises(ValueError, match=f"{kind} cannot be scaled"):
         Stack(tmp_path, replicas={kind: 2})
     with pytest.raises(ValueError, match=f"{kind} cannot be scaled"):
         Stack(tmp_path, processes={kind: 2})
+
+
+@pytest.mark.parametrize("kind", ["index", "sparse"])
+def test_stores_take_replicas_but_not_workers_sharing_a_data_dir(tmp_path: Path, kind: str) -> None:
+    assert Stack(tmp_path, replicas={kind: 2}).replicas == {kind: 2}
+    with pytest.raises(ValueError, match=f"{kind} cannot be scaled"):
+        Stack(tmp_path, processes={kind: 2})
+
+
+def test_store_replicas_get_their_own_data_dirs_and_callers_get_every_replica(tmp_path: Path) -> None:
+    stack = Stack(
+        tmp_path,
+        workers=1,
+        index_shards=2,
+        services=("index", "sparse", "worker"),
+        replicas={"index": 2, "sparse": 2},
+    )
+    stack.components = stack._plan()
+    index = {n: c for n, c in stack.components.items() if c.kind == "index"}
+    assert sorted(index) == ["index-0", "index-0-2", "index-1", "index-1-2"]
+    assert [index[n].env["RAGMESH_INDEX_SHARD"] for n in sorted(index)] == ["0", "0", "1", "1"]
+    data_dirs = [c.env["RAGMESH_INDEX_DATA_DIR"] for c in index.values()]
+    data_dirs += [stack.components[n].env["RAGMESH_SPARSE_DATA_DIR"] for n in ("sparse", "sparse-2")]
+    assert len(set(data_dirs)) == 6
+    # The first replica keeps the data dir a one-replica stack uses.
+    assert index["index-0"].env["RAGMESH_INDEX_DATA_DIR"] == str(stack.state_dir / "index-0")
+    assert stack.components["sparse"].env["RAGMESH_SPARSE_DATA_DIR"] == str(stack.state_dir / "sparse")
+    env = stack.client_env()
+    a = stack.address
+    assert (
+        env["RAGMESH_INDEX_ADDRESSES"] == f"{a('index-0')}|{a('index-0-2')},{a('index-1')}|{a('index-1-2')}"
+    )
+    assert env["RAGMESH_SPARSE_ADDRESS"] == f"{a('sparse')},{a('sparse-2')}"
+    settings = MeshSettings(index_addresses=env["RAGMESH_INDEX_ADDRESSES"])
+    assert settings.index_address_list() == [
+        f"{a('index-0')},{a('index-0-2')}",
+        f"{a('index-1')},{a('index-1-2')}",
+    ]
 
 
 def test_scaling_a_service_not_started_is_refused(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ def make_settings(tmp_path: Path, **overrides: object) -> IndexSettings:
         "index_max_batch_chunks": 100,
         "index_snapshot_every": 1000,
         "index_snapshot_interval_s": 3600,
+        "store_log": "local",
     }
     base.update(overrides)
     return IndexSettings(**base)  # type: ignore[arg-type]

@@ -8,7 +8,6 @@ from pathlib import Path
 import tantivy
 
 from services.sparse.collection import SCHEMA, Collection, DocumentUpdate
-from services.sparse.store import SparseStore
 
 from .conftest import COLLECTION, chunk, open_collection, put
 
@@ -96,12 +95,11 @@ def test_delete_by_doc_and_chunk(collection: Collection) -> None:
 
 
 def test_persists_across_reopen(tmp_path: Path) -> None:
-    store = SparseStore(tmp_path, 32 * 1024 * 1024, 1.5)
-    seeded(store.get_or_create(COLLECTION))
-    store.close()
-    assert SparseStore(tmp_path, 32 * 1024 * 1024, 1.5).get("missing") is None
-    reopened = SparseStore(tmp_path, 32 * 1024 * 1024, 1.5).get(COLLECTION)
-    assert reopened is not None
+    first = open_collection(tmp_path)
+    seeded(first)
+    first.close()
+    assert not Collection.exists(tmp_path, "missing")
+    reopened = Collection.open(tmp_path, COLLECTION, 32 * 1024 * 1024, 1.5)
     assert reopened.stats() == (3, 3)
     assert reopened.search_bm25("cat mice", 1, [])[0].chunk_id == CATS.chunk_id
     assert reopened.get_chunks([DOGS.chunk_id])[0].title == "Dogs"
@@ -157,9 +155,7 @@ def test_crash_before_commit_keeps_committed_state(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     assert committed_chunk_ids(tmp_path) == {DOGS.chunk_id}
     # The writer lock died with the process; a reopened collection writes and drops the orphan file.
-    store = SparseStore(tmp_path, 32 * 1024 * 1024, 1.5)
-    reopened = store.get(COLLECTION)
-    assert reopened is not None
+    reopened = Collection.open(tmp_path, COLLECTION, 32 * 1024 * 1024, 1.5)
     assert reopened.files.chunk_ids() == [DOGS.chunk_id]
     put(reopened, TAXES.doc_id, TAXES)
     assert committed_chunk_ids(tmp_path) == {DOGS.chunk_id, TAXES.chunk_id}

@@ -28,7 +28,15 @@ LIMITS = {
 
 
 def settings_for(root: Path, mode: str) -> SparseSettings:
-    return SparseSettings(port=0, log_format="text", sparse_data_dir=root, sparse_exact_mode=mode, **LIMITS)
+    return SparseSettings(
+        port=0,
+        log_format="text",
+        sparse_data_dir=root,
+        sparse_exact_mode=mode,
+        store_log="local",
+        sparse_upload_snapshots=False,
+        **LIMITS,
+    )
 
 
 async def started(root: Path, mode: str) -> AsyncIterator[sparse_pb2_grpc.SparseServiceStub]:

@@ -116,7 +116,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, collection: _Optional[str] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("collection", "chunks", "documents", "index_type", "dimension", "shard", "shard_count", "pending_wal_records")
+    __slots__ = ("collection", "chunks", "documents", "index_type", "dimension", "shard", "shard_count", "pending_wal_records", "log_position")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class GetStatsResponse(_message.Message):
     SHARD_FIELD_NUMBER: _ClassVar[int]
     SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
     PENDING_WAL_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LOG_POSITION_FIELD_NUMBER: _ClassVar[int]
     collection: str
     chunks: int
     documents: int
@@ -133,7 +134,8 @@ class GetStatsResponse(_message.Message):
     shard: int
     shard_count: int
     pending_wal_records: int
-    def __init__(self, collection: _Optional[str] = ..., chunks: _Optional[int] = ..., documents: _Optional[int] = ..., index_type: _Optional[str] = ..., dimension: _Optional[int] = ..., shard: _Optional[int] = ..., shard_count: _Optional[int] = ..., pending_wal_records: _Optional[int] = ...) -> None: ...
+    log_position: int
+    def __init__(self, collection: _Optional[str] = ..., chunks: _Optional[int] = ..., documents: _Optional[int] = ..., index_type: _Optional[str] = ..., dimension: _Optional[int] = ..., shard: _Optional[int] = ..., shard_count: _Optional[int] = ..., pending_wal_records: _Optional[int] = ..., log_position: _Optional[int] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
     __slots__ = ("collection",)

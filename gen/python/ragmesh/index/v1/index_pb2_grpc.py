@@ -127,6 +127,8 @@ class IndexServiceServicer:
     def ListDocuments(self, request, context):
         """Every document of one collection on this shard with its fence and chunk ids, in doc_id
         order, a page at a time: what a consistency check compares across replicas and stores.
+        A document deleted by a fenced replacement stays listed with its fence and no chunk ids
+        (a tombstone: a replacement with a lower fence is still refused).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -138,14 +138,16 @@ class GetStatsRequest(_message.Message):
     def __init__(self, collection: _Optional[str] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("collection", "chunks", "documents")
+    __slots__ = ("collection", "chunks", "documents", "log_position")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    LOG_POSITION_FIELD_NUMBER: _ClassVar[int]
     collection: str
     chunks: int
     documents: int
-    def __init__(self, collection: _Optional[str] = ..., chunks: _Optional[int] = ..., documents: _Optional[int] = ...) -> None: ...
+    log_position: int
+    def __init__(self, collection: _Optional[str] = ..., chunks: _Optional[int] = ..., documents: _Optional[int] = ..., log_position: _Optional[int] = ...) -> None: ...
 
 class ListDocumentsRequest(_message.Message):
     __slots__ = ("collection", "page_size", "page_token")

@@ -121,7 +121,7 @@ class SparseServiceServicer:
 
     def ListDocuments(self, request, context):
         """Every document of one collection with its fence and chunk ids, in doc_id order, a page at
-        a time (see IndexService.ListDocuments).
+        a time (see IndexService.ListDocuments; tombstones included).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
