@@ -170,13 +170,14 @@ def test_loop_watch_over_a_long_stream_takes_linear_time() -> None:
 
 
 async def test_a_long_streamed_reply_is_watched_and_verified_in_linear_time() -> None:
-    # 30k deltas, no loop: the old narrator re-joined and rescanned the whole reply per delta.
-    deltas = [f"The tower is {i} metres tall [1]. " for i in range(30_000)]
+    # 60k deltas, no loop: the old narrator re-joined and rescanned the whole reply per delta.
+    deltas = [f"The tower is {i} metres tall [1]. " for i in range(60_000)]
     llm = FakeLLM(streams=[deltas])
     narrator = Narrator(NarratorSettings(log_format="text", llm_timeout_s=60.0), llm)
     started = time.perf_counter()
     events = [e async for e in narrator.narrate(narration())]
-    assert time.perf_counter() - started < 3 * BOUND_S
+    # About 4 s here on a loaded machine; the old narrator took 160 s.
+    assert time.perf_counter() - started < 1.5 * BOUND_S
     assert isinstance(events[-1], Answer)
     assert len(events) == len(deltas) + 1
 
