@@ -230,6 +230,9 @@ class _Child:
 
     def _failed_child(self, request: _Request) -> _Reply:
         """The reply for a child that died mid-document (and a fresh child in its place)."""
+        if self._stopped:
+            # Killed by stop(): the worker is shutting down, the document is not at fault.
+            return ("failed", "document preparation was stopped (the worker is shutting down)", False)
         assert self._process is not None
         try:
             code = self._process.wait(_STOP_TIMEOUT_S)

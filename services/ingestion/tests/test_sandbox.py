@@ -207,6 +207,17 @@ async def test_a_cancelled_preparation_gives_its_child_back(chunker: Chunker) ->
         assert (await asyncio.wait_for(sandbox.prepare(NORMAL, MD, ""), 15.0)).title == "A normal page"
 
 
+async def test_closing_mid_document_is_not_the_documents_fault(chunker: Chunker) -> None:
+    sandbox = DocumentSandbox(settings(ingest_prepare_processes=1), chunker)
+    await sandbox.start()
+    busy = asyncio.create_task(sandbox.prepare(SLOW_HTML, HTML, ""))
+    await asyncio.sleep(0.3)
+    await sandbox.close()
+    failure = await failure_of(busy)
+    assert not failure.permanent and "shutting down" in failure.reason
+    assert sandbox.child_pids == [None]
+
+
 class Objects:
     def __init__(self, content: bytes) -> None:
         self.content = content
