@@ -178,8 +178,10 @@ class _Child:
         try:
             self.ensure_running()
         except Exception:
-            # Retried by the first document that needs this child, which reports the failure.
-            log.exception("could not start a document preparation process")
+            # Retried by the first document that needs this child, which reports the failure;
+            # a start cut short by stop() is no failure at all.
+            if not self._stopped:
+                log.exception("could not start a document preparation process")
 
     def ensure_running(self) -> None:
         """Start the child if it is not running, and wait until it is ready for documents."""
