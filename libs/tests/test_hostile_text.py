@@ -117,14 +117,14 @@ def pieces(alphabet: list[str], max_size: int) -> st.SearchStrategy[str]:
 # --- same results ------------------------------------------------------------------------------
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(pieces(SENTENCE_PIECES, 30))
 def test_sentences_and_citations_match_the_old_patterns(text: str) -> None:
     assert split_sentences(text) == old_split_sentences(text)
     assert strip_citations(text) == old_strip_citations(text)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(pieces(JSON_PIECES, 25))
 def test_extract_json_matches_the_old_parser(text: str) -> None:
     assert outcome(extract_json, text) == outcome(old_extract_json, text)

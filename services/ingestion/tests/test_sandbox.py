@@ -101,7 +101,7 @@ async def test_prepares_what_normalize_and_chunk_give(chunker: Chunker) -> None:
         (HTML, b"<title>T</title><h1>Head</h1><p>Some <b>bold</b> text.</p><pre>  code  </pre>"),
         (PDF, make_pdf([["A PDF page of text."]], title="Doc")),
     ]
-    async with sandbox_with(chunker) as sandbox:
+    async with sandbox_with(chunker, ingest_prepare_processes=1) as sandbox:
         for fmt, content in documents:
             expected = normalize(content, fmt, "Given")
             prepared = await sandbox.prepare(content, fmt, "Given")
@@ -258,14 +258,17 @@ async def pipeline_chunk(content: bytes, fmt: int, chunker: Chunker, **overrides
 async def test_the_pipeline_prepares_a_space_run_document_without_freezing_its_loop(chunker: Chunker) -> None:
     # The old pipeline ran the quadratic trailing-space pattern in a thread that held the GIL:
     # 200k spaces froze the worker's event loop (heartbeat included) for about two minutes.
-    job, longest_gap = await pipeline_chunk(b"x" + b" " * 200_000 + b"y", MD, chunker)
+    content = b"x" + b" " * 200_000 + b"y"
+    job, longest_gap = await pipeline_chunk(content, MD, chunker, ingest_prepare_processes=1)
     assert job.failure is None
     assert [c.draft.text for c in job.chunks] == ["x", "y"]
     assert longest_gap < 0.5
 
 
 async def test_the_pipeline_fails_an_over_budget_document_permanently(chunker: Chunker) -> None:
-    job, longest_gap = await pipeline_chunk(SLOW_HTML, HTML, chunker, ingest_document_cpu_budget_s=1.0)
+    job, longest_gap = await pipeline_chunk(
+        SLOW_HTML, HTML, chunker, ingest_document_cpu_budget_s=1.0, ingest_prepare_processes=1
+    )
     assert job.failure is not None and job.failure.permanent
     assert "of CPU" in job.failure.reason
     assert longest_gap < 0.5

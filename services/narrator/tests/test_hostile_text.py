@@ -98,7 +98,7 @@ TAG_PIECES += ["<thi", "nk>", "<", ">", "x", " ", "\n", "\u0130", "<thin\u212a>"
 # --- same results ------------------------------------------------------------------------------
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(st.lists(st.sampled_from(TAG_PIECES), max_size=20).map("".join), st.integers(1, 9))
 def test_envelope_handling_matches_the_old_code(reply: str, step: int) -> None:
     assert clean_output(reply) == old_clean_output(reply)
@@ -109,13 +109,13 @@ def test_envelope_handling_matches_the_old_code(reply: str, step: int) -> None:
     assert new.flush() == old.flush()
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(st.text(st.sampled_from(list(".!?\"')]a [1]\n")), max_size=25))
 def test_citation_placement_matches_the_old_pattern(text: str) -> None:
     assert with_citation(text, [1, 2]) == old_with_citation(text, [1, 2])
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.lists(st.text(st.sampled_from(list("ab [1].")), max_size=70), max_size=30))
 def test_loop_watch_matches_the_old_check_after_every_delta(deltas: list[str]) -> None:
     watch, reply = narrate.LoopWatch(), ""
@@ -144,6 +144,8 @@ def test_envelopes_are_stripped_in_linear_time(reply: str) -> None:
 @pytest.mark.parametrize("reply", ["<" * MEGABYTE, "<th" * (MEGABYTE // 3), "a<b" * (MEGABYTE // 3)])
 @pytest.mark.parametrize("step", [MEGABYTE, 7])
 def test_visible_text_of_a_reply_full_of_angle_brackets_takes_linear_time(reply: str, step: int) -> None:
+    # In one delta (the old feed re-sliced the pending text at every '<') and in small ones.
+    reply = reply if step == MEGABYTE else reply[: MEGABYTE // 4]
     visible = VisibleText()
     started = time.perf_counter()
     shown = "".join(visible.feed(reply[i : i + step]) for i in range(0, len(reply), step)) + visible.flush()

@@ -67,7 +67,7 @@ def hostile_query(max_chars: int = QUERY_LIMIT) -> st.SearchStrategy[str]:
     return text.map(lambda q: q[:max_chars]).filter(lambda q: q.strip() != "")
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(st.lists(st.sampled_from(QUOTE_PIECES), max_size=20).map("".join))
 def test_quoted_spans_match_the_old_pattern(query: str) -> None:
     matches = list(OLD_QUOTED.finditer(query))
