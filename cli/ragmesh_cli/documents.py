@@ -112,6 +112,9 @@ def parse_corpus_lines(
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{source}:{lineno}: not JSON ({exc.msg})") from None
+        except RecursionError:
+            # json's parser gives up past the interpreter's depth: a malformed corpus line.
+            raise InputError(f"{source}:{lineno}: JSON nested too deeply") from None
         if not isinstance(record, dict) or not isinstance(record.get("_id"), str | int):
             raise InputError(f"{source}:{lineno}: expected an object with an '_id'")
         text = record.get("text") or ""

@@ -13,8 +13,14 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])(?:[\"')\]]|\s*\[\d{1,3}(?:\s*,\s*\d{1,3}
 _NO_SPLIT_BEFORE = re.compile(
     r"(?:\b(?:e\.g|i\.e|et al|vs|Fig|Figs|No|Dr|Mr|Mrs|Ms|St|approx|ca)\.|\b[A-Z]\.)$"
 )
+# The longest text _NO_SPLIT_BEFORE can match ("approx."): only that much before a candidate
+# end is looked at, so a run of abbreviations costs linear time, not a rescan per candidate.
+_ABBREVIATION_CHARS = 7
 # [1] [1,2] [1, 2] [1][2]: numbers only, so "[Smith 2020]" or "[citation needed]" are left alone.
 CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
+# A marker with the whitespace before it. The match may only start where a whitespace run
+# starts: a plain leading "\s*" would be retried from every char of a long run (quadratic).
+_SPACED_CITATION = re.compile(r"(?<!\s)\s*" + CITATION.pattern)
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-]*")
 _STOPWORD_TEXT = """a an and are as at be been being but by can could did do does for from had has have how
 i if in into is it its may might more most no not of on or our should so such than that the their them
@@ -38,10 +44,9 @@ def _paragraph_sentences(text: str) -> list[str]:
     start = 0
     for match in _SENTENCE_END.finditer(text):
         # Closing quotes and citation markers after the stop belong to the sentence they end.
-        candidate = text[start : match.end()]
-        if _NO_SPLIT_BEFORE.search(text[start : match.start()]):
+        if _NO_SPLIT_BEFORE.search(text, max(start, match.start() - _ABBREVIATION_CHARS), match.start()):
             continue
-        pieces.append(candidate)
+        pieces.append(text[start : match.end()])
         start = match.end()
     pieces.append(text[start:])
     return [" ".join(p.split()) for p in pieces if p.strip()]
@@ -60,7 +65,7 @@ def cited_numbers(sentence: str) -> list[int]:
 
 def strip_citations(sentence: str) -> str:
     """``sentence`` without its citation markers (and the space before them)."""
-    return re.sub(r"\s*" + CITATION.pattern, "", sentence).strip()
+    return _SPACED_CITATION.sub("", sentence).strip()
 
 
 def content_words(text: str) -> set[str]:

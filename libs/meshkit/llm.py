@@ -296,7 +296,7 @@ class OpenAICompatibleLLM:
             data = response.json()
             _count_usage(data.get("usage"))
             content = data["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
             raise LLMError(
                 "error", "malformed chat completion", raw=response.text[:MAX_ERROR_BODY_CHARS]
             ) from exc
@@ -421,7 +421,7 @@ def _sse_data(line: str) -> str | None:
 def _stream_delta(data: str) -> str:
     try:
         chunk = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise LLMError("error", "malformed stream event", raw=data[:MAX_ERROR_BODY_CHARS]) from exc
     if not isinstance(chunk, dict):
         raise LLMError("error", "malformed stream event", raw=data[:MAX_ERROR_BODY_CHARS])
@@ -441,29 +441,68 @@ def _schema_name(schema: type[BaseModel]) -> str:
     return re.sub(r"[^a-zA-Z0-9_-]", "_", schema.__name__)[:64] or "output"
 
 
-_FENCE = re.compile(r"```[a-zA-Z]*\s*(.*?)```", re.DOTALL)
+_FENCE_MARK = "```"
+_FENCE_LANGUAGE = re.compile(r"[a-zA-Z]*")
+# Work allowed for finding an object embedded in prose, as a multiple of the reply's length:
+# each '{' is a try that may read to the end of the reply, so without a bound a reply full of
+# unclosed braces costs quadratic time.
+_EMBEDDED_JSON_WORK_FACTOR = 4
 
 
 def extract_json(text: str) -> Any:
     """The JSON value in a model's reply: the whole text, a fenced block, or the first object
     embedded in surrounding prose. Raises ValueError when there is none."""
     candidates = [text.strip()]
-    fence = _FENCE.search(text)
-    if fence:
-        candidates.append(fence.group(1).strip())
+    fenced = _fenced_block(text)
+    if fenced is not None:
+        candidates.append(fenced.strip())
     for candidate in candidates:
         try:
             return json.loads(candidate)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
+    return _embedded_object(text)
+
+
+def _fenced_block(text: str) -> str | None:
+    """The body of the first fenced block: what the lazy pattern "```[a-zA-Z]*\\s*(.*?)```" finds
+    (leading blanks aside), with plain searches. The block can only open at the first mark (a
+    later mark would be its closing one) and closes at the next mark after the language tag;
+    the lazy pattern instead backtracks quadratically over a long unclosed block."""
+    opening = text.find(_FENCE_MARK)
+    if opening < 0:
+        return None
+    language = _FENCE_LANGUAGE.match(text, opening + len(_FENCE_MARK))
+    body = language.end() if language else opening + len(_FENCE_MARK)
+    closing = text.find(_FENCE_MARK, body)
+    return text[body:closing] if closing >= 0 else None
+
+
+def _embedded_object(text: str) -> Any:
+    """The value starting at the first '{' that parses, within a work budget linear in the
+    reply's length (the parser reads at most the budget's characters over all tries)."""
     decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", text):
+    budget = _EMBEDDED_JSON_WORK_FACTOR * len(text) + 1024
+    start = text.find("{")
+    while start >= 0 and budget > 0:
         try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except ValueError:
-            continue
-        return value
+            value, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError as exc:
+            budget -= _parse_work(text, start, exc)
+        except (ValueError, RecursionError):
+            budget -= len(text) - start
+        else:
+            return value
+        start = text.find("{", start + 1)
     raise ValueError("no JSON object in the reply")
+
+
+def _parse_work(text: str, start: int, exc: json.JSONDecodeError) -> int:
+    """Characters a failed parse from ``start`` read: up to the error, except for an unclosed
+    string, which is reported where it opens but was read to the end."""
+    if exc.msg.startswith("Unterminated string"):
+        return len(text) - start
+    return exc.pos - start + 1
 
 
 def parse_structured(text: str, schema: type[ModelT]) -> ModelT:

@@ -307,7 +307,18 @@ class SparseSettings(StoreSettings):
         description="BM25 weight of the title field. Chunk text already starts with the title, so a small "
         "weight avoids counting it twice (SciFact train nDCG@10: 1.5 gave 0.627, 0.3 gave 0.696).",
     )
-    sparse_exact_timeout_s: float = Field(10.0, description="Longest ripgrep run of one exact search.")
+    sparse_exact_timeout_s: float = Field(
+        10.0, description="Longest ripgrep run of one exact search (the caller's deadline cuts it further)."
+    )
+    sparse_exact_max_candidates: int = Field(
+        2000,
+        ge=1,
+        description="Most matching chunks one exact search reads and counts (at least top_k are): bounds "
+        "the work of a keyword that matches everything, e.g. a stopword. Chunks with more distinct keywords "
+        "always rank first; past the bound, the occurrence tiebreak among chunks tied at the cut (phrase "
+        "mode) or the whole ranking (ripgrep mode, which stops after this many files in path order) covers "
+        "the chunks read only.",
+    )
     sparse_max_batch_chunks: int = Field(10_000, description="Most chunks or ids in one write or fetch.")
     sparse_max_chunk_chars: int = Field(1_000_000, description="Longest chunk title + text accepted.")
     sparse_max_doc_filter: int = Field(10_000, description="Most doc_ids in one search filter.")
@@ -352,6 +363,25 @@ class IngestionSettings(MeshSettings):
     )
     ingest_model_max_tokens: int = Field(256, description="The embedding model's token limit.")
     ingest_max_pdf_pages: int = Field(2000, description="Longest PDF accepted, in pages.")
+    ingest_prepare_processes: int = Field(
+        2,
+        ge=1,
+        description="Child processes per worker that normalise and chunk documents (each loads the "
+        "tokenizer once): documents prepared at once; a pathological one holds only its own.",
+    )
+    ingest_document_cpu_budget_s: float = Field(
+        60.0,
+        gt=0,
+        description="CPU seconds one document's normalising and chunking may take. Over it, its child "
+        "process is killed (RLIMIT_CPU; the worker also gives up after twice this plus 5 s of wall clock) "
+        "and the document fails permanently, to the dead-letter stream.",
+    )
+    ingest_prepare_memory_bytes: int = Field(
+        2 * 1024**3,
+        ge=0,
+        description="Address-space cap (RLIMIT_AS) of each preparation process: a document needing more "
+        "(a decompression-bomb PDF) fails permanently (0: no cap).",
+    )
     ingest_worker_id: str = Field("", description="Worker identity (default: host-pid).")
 
     def retry_backoffs(self) -> list[float]:

@@ -38,10 +38,11 @@ _MAX_HEADING_CHARS = 300
 # Headroom under the model limit for trusting a computed count without re-encoding: covers
 # tokenizers whose output at a span's edges differs slightly from inside the section.
 _TRUST_MARGIN_TOKENS = 8
+# Sections longer than this are encoded in pieces of at most this many chars (see _units).
+_TOKENIZE_PIECE_CHARS = 65_536
 _PATH_SEPARATOR = " > "
 _PREFIX_SEPARATOR = "\n\n"
 
-_ATX_HEADING_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
 _FENCE_OPEN_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _WHITESPACE_RE = re.compile(r"\s+")
 # Where a new sentence (or line) starts: after terminal punctuation plus optional closing
@@ -97,14 +98,18 @@ class _Units:
     """Token start/end offsets (absolute, into the markdown) of one section, with giant
     [UNK] tokens split into cuttable pseudo-tokens."""
 
-    def __init__(self, offsets: list[tuple[int, int]], tokens: list[str], base: int) -> None:
+    def __init__(
+        self, offsets: list[tuple[int, int]], tokens: list[str], base: int, *, estimated: bool = False
+    ) -> None:
         self.starts = [base + a for a, _ in offsets]
         self.ends = [base + b for _, b in offsets]
         self.tokens = tokens
-        # Pseudo-tokens make unit counts estimates, not token counts.
-        self.has_giants = bool(offsets) and max(map(operator.sub, self.ends, self.starts)) > _MAX_UNIT_CHARS
-        if self.has_giants:
+        giants = bool(offsets) and max(map(operator.sub, self.ends, self.starts)) > _MAX_UNIT_CHARS
+        if giants:
             self._split_giants()
+        # Pseudo-tokens (or a section encoded in pieces) make unit counts estimates, not token
+        # counts: the chunks are then re-encoded before they are trusted.
+        self.has_giants = giants or estimated
 
     def _split_giants(self) -> None:
         starts: list[int] = []
@@ -256,8 +261,18 @@ class Chunker:
         return "", 0
 
     def _units(self, markdown: str, section: _Section) -> _Units:
-        encoding = self._tokenizer.encode(markdown[section.start : section.end], add_special_tokens=False)
-        return _Units(encoding.offsets, encoding.tokens, section.start)
+        text = markdown[section.start : section.end]
+        if len(text) <= _TOKENIZE_PIECE_CHARS:
+            encoding = self._tokenizer.encode(text, add_special_tokens=False)
+            return _Units(encoding.offsets, encoding.tokens, section.start)
+        # One encode of a huge section costs the tokenizer more than linear time (a 16 MB line:
+        # 23 s; in 64k pieces: 5 s). Pieces end at whitespace, where the tokenizer starts a new
+        # word anyway; the counts are still only trusted after the chunks are re-encoded.
+        pieces = _tokenize_pieces(text)
+        encodings = self._tokenizer.encode_batch([text[a:b] for a, b in pieces], add_special_tokens=False)
+        offsets = [(a + x, a + y) for (a, _b), e in zip(pieces, encodings, strict=True) for x, y in e.offsets]
+        tokens = [token for e in encodings for token in e.tokens]
+        return _Units(offsets, tokens, section.start, estimated=True)
 
     def _pack(self, markdown: str, section: _Section, units: _Units, budget: int) -> list[_Piece]:
         """Consecutive paragraphs packed up to the budget; oversized ones cut into windows."""
@@ -349,6 +364,21 @@ class Chunker:
         return chunks
 
 
+def _tokenize_pieces(text: str) -> list[tuple[int, int]]:
+    """``text`` cut into spans of at most _TOKENIZE_PIECE_CHARS, each ending after the last
+    whitespace in its second half when there is one."""
+    pieces = []
+    start = 0
+    while start < len(text):
+        end = start + _TOKENIZE_PIECE_CHARS
+        if end < len(text):
+            blank = max(text.rfind(c, start + _TOKENIZE_PIECE_CHARS // 2, end) for c in " \n\t")
+            end = blank + 1 if blank >= 0 else end
+        pieces.append((start, min(end, len(text))))
+        start = end
+    return pieces
+
+
 def _chunk_text(prefix: str, body: str) -> str:
     return f"{prefix}{_PREFIX_SEPARATOR}{body}" if prefix else body
 
@@ -391,11 +421,37 @@ def _sections(markdown: str) -> list[_Section]:
 def _heading(line: str) -> tuple[int, str] | None:
     if len(line) > _MAX_HEADING_CHARS:
         return None
-    match = _ATX_HEADING_RE.match(line)
-    if match is None:
+    found = _atx_heading(line)
+    if found is None:
         return None
-    text = _WHITESPACE_RE.sub(" ", match.group(2) or "").strip()
-    return (len(match.group(1)), text) if text else None
+    level, raw = found
+    text = _WHITESPACE_RE.sub(" ", raw).strip()
+    return (level, text) if text else None
+
+
+def _atx_heading(line: str) -> tuple[int, str] | None:
+    """(level, raw text) of an ATX heading line, as ``^ {0,3}(#{1,6})(?:[ \\t]+(.*?))?(?:[ \\t]+#+)?
+    [ \\t]*$`` would capture them (None: no match), found with string methods: that regex's lazy
+    group before optional blank runs backtracks quadratically on a long run of blanks."""
+    indent = len(line) - len(line.lstrip(" "))
+    if indent > 3:
+        return None
+    rest = line[indent:]
+    after_marks = rest.lstrip("#")
+    level = len(rest) - len(after_marks)
+    if not 1 <= level <= 6:
+        return None
+    if not after_marks:
+        return level, ""
+    if after_marks[0] not in " \t":
+        return None
+    body = after_marks.lstrip(" \t")
+    text = body.rstrip(" \t")
+    # A closing sequence (" ##") is not part of the text, unless the text would then be empty.
+    before_closer = text.rstrip("#")
+    if before_closer != text and before_closer[-1:] in (" ", "\t") and before_closer.rstrip(" \t"):
+        return level, before_closer.rstrip(" \t")
+    return level, text
 
 
 def _next_fence_state(fence: str | None, line: str) -> str | None:
@@ -409,11 +465,11 @@ def _next_fence_state(fence: str | None, line: str) -> str | None:
 
 
 def _strip_span(text: str, start: int, end: int) -> tuple[int, int]:
-    while start < end and text[start].isspace():
-        start += 1
-    while end > start and text[end - 1].isspace():
-        end -= 1
-    return start, end
+    """``[start, end)`` without leading and trailing whitespace (str.isspace's)."""
+    span = text[start:end]
+    left = span.lstrip()
+    start += len(span) - len(left)
+    return start, start + len(left.rstrip())
 
 
 def _sentence_starts(markdown: str, units: _Units, start: int, end: int, lo: int, hi: int) -> list[int]:

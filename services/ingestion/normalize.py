@@ -16,7 +16,8 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import pdfplumber
-from bs4 import BeautifulSoup, Comment
+from bs4 import BeautifulSoup, Comment, Doctype, NavigableString, Tag
+from bs4.exceptions import ParserRejectedMarkup
 from markdownify import ATX, MarkdownConverter
 from pdfminer.pdftypes import resolve1
 
@@ -66,17 +67,17 @@ _HTML_DROP_TAGS = (
 # C0 controls other than tab and newline carry no text; the tokenizer drops them anyway.
 _CONTROL_CHARS_RE = re.compile(r"[\x01-\x08\x0b\x0e-\x1f\x7f]")
 _LINE_BREAKS_RE = re.compile(r"\r\n?|[\f\x85\u2028\u2029]")
-_TRAILING_SPACE_RE = re.compile(r"[ \t]+$", re.MULTILINE)
 _BLANK_RUN_RE = re.compile(r"\n{3,}")
 _WHITESPACE_RE = re.compile(r"\s+")
 # Up to three spaces of indent then '#': CommonMark would read it as an ATX heading.
 _HEADING_LIKE_RE = re.compile(r"^( {0,3})#", re.MULTILINE)
-_MARKDOWN_H1_RE = re.compile(r"^ {0,3}# +(.+?)(?: +#+)? *$", re.MULTILINE)
 # A PDF line that is only a page number: "12", "- 12 -", "Page 3", "3 of 10", "3/10".
 _PAGE_NUMBER_RE = re.compile(
     r"^[\s\-\u2013\u2014]*(?:page\s*)?\d{1,5}(?:\s*(?:/|of)\s*\d{1,5})?[\s\-\u2013\u2014]*$", re.IGNORECASE
 )
 _DIGITS_RE = re.compile(r"\d+")
+# Blanks as markdownify normalises them in HTML text (tabs, spaces and line breaks only).
+_HTML_BLANK_RUN_RE = re.compile(r"[\t \r\n]+")
 # Soft hyphenation at a line end: "exam-\nple" -> "example".
 _HYPHENATED_BREAK_RE = re.compile(r"(\w)-\n([a-z])")
 _MAX_TITLE_CHARS = 512
@@ -169,7 +170,9 @@ def _tidy(text: str) -> str:
     row, no leading or trailing blank lines."""
     text = _LINE_BREAKS_RE.sub("\n", text)
     text = _CONTROL_CHARS_RE.sub("", text)
-    text = _TRAILING_SPACE_RE.sub("", text)
+    # Per line rather than a "[ \t]+$" regex: that one restarts at every char of a space run
+    # that is not at a line end, which is quadratic ("x", a million spaces, "y": hours).
+    text = "\n".join(line.rstrip(" \t") for line in text.split("\n"))
     text = _BLANK_RUN_RE.sub("\n\n", text)
     return text.strip("\n")
 
@@ -184,8 +187,32 @@ def _clean_title(title: str) -> str:
 
 
 def _markdown_h1(markdown: str) -> str:
-    match = _MARKDOWN_H1_RE.search(markdown)
-    return _clean_title(match.group(1)) if match else ""
+    """The text of the first ATX level-1 heading line ("# Title", "# Title #"), or ''."""
+    for line in markdown.split("\n"):
+        text = _h1_text(line)
+        if text is not None:
+            return _clean_title(text)
+    return ""
+
+
+def _h1_text(line: str) -> str | None:
+    """What ``^ {0,3}# +(.+?)(?: +#+)? *$`` captures on ``line`` (None: no match), found with
+    string methods: that regex's lazy group before optional space runs is quadratic on a long
+    run of spaces."""
+    indent = len(line) - len(line.lstrip(" "))
+    rest = line[indent:]
+    if indent > 3 or not rest.startswith("# "):
+        return None
+    body = rest[1:].lstrip(" ")
+    if not body:
+        # Only spaces after '#': the regex lends one of them to the group, if it has two.
+        return " " if len(rest) >= 3 else None
+    text = body.rstrip(" ")
+    # A closing sequence (" ##") is not part of the text, unless the text would then be empty.
+    before_closer = text.rstrip("#")
+    if before_closer != text and before_closer.endswith(" ") and before_closer.rstrip(" "):
+        return before_closer.rstrip(" ")
+    return text
 
 
 class _Converter(MarkdownConverter):
@@ -210,17 +237,48 @@ _CONVERTER = _Converter(
 
 
 def _html_to_markdown(html: str) -> tuple[str, str]:
-    soup = BeautifulSoup(html, "html.parser")
+    try:
+        soup = BeautifulSoup(html, "html.parser")
+    except ParserRejectedMarkup as e:
+        detail = str(e).strip().splitlines()[-1].strip()
+        raise DocumentError(f"unparseable HTML: {detail}"[:_MAX_ERROR_DETAIL_CHARS]) from None
     found_title = _html_title(soup)
     for element in soup.find_all(_HTML_DROP_TAGS):
         element.decompose()
     for comment in soup.find_all(string=lambda s: isinstance(s, Comment)):
         comment.extract()
+    _collapse_blank_runs(soup)
     try:
         markdown = _CONVERTER.convert_soup(soup)
     except RecursionError:
         raise DocumentError("HTML is nested too deeply to convert") from None
     return _tidy(markdown), found_title
+
+
+# Text nodes markdownify leaves out (comments are removed before, doctypes skipped).
+_SKIPPED_TEXT = (Comment, Doctype)
+
+
+def _collapse_blank_runs(soup: BeautifulSoup) -> None:
+    """Collapse blank runs in text outside <pre> as markdownify does (a run with a line break
+    to "\n", else to " "), in linear time: its own pattern for that, "[\t \r\n]*[\r\n][\t \r\n]*",
+    retries from every char of a long run of spaces (quadratic). The tree is walked with an
+    explicit stack, so deep nesting costs no recursion."""
+    stack: list[tuple[Tag, bool]] = [(soup, False)]
+    while stack:
+        node, in_pre = stack.pop()
+        for child in list(node.children):
+            if isinstance(child, Tag):
+                stack.append((child, in_pre or child.name == "pre"))
+            elif not in_pre and isinstance(child, NavigableString) and not isinstance(child, _SKIPPED_TEXT):
+                collapsed = _HTML_BLANK_RUN_RE.sub(_blank_run, child)
+                if collapsed != child:
+                    child.replace_with(type(child)(collapsed))
+
+
+def _blank_run(match: re.Match[str]) -> str:
+    run = match.group(0)
+    return "\n" if "\n" in run or "\r" in run else " "
 
 
 def _html_title(soup: BeautifulSoup) -> str:

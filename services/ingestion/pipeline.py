@@ -28,7 +28,7 @@ from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.ingestion.chunking import ChunkDraft, Chunker
 from services.ingestion.events import IngestEvent
-from services.ingestion.normalize import DocumentError, normalize
+from services.ingestion.sandbox import DocumentSandbox, PreparationFailed
 from services.ingestion.state import Conflict, DocRecord, DocStatus, StateStore, Versioned
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,7 @@ class IngestPipeline:
         self.state = state
         self.stores = stores
         self.chunker = chunker
+        self.sandbox = DocumentSandbox(settings, chunker)
         self._embed_slots = asyncio.Semaphore(max(1, settings.ingest_embed_concurrency))
         self._cleanups: set[asyncio.Task[None]] = set()
 
@@ -168,16 +169,12 @@ class IngestPipeline:
                 permanent=True,
             )
         try:
-            normalized = await asyncio.to_thread(
-                normalize,
-                content,
-                event.format,
-                event.title,
-                max_pdf_pages=self.settings.ingest_max_pdf_pages,
-            )
-            drafts = await asyncio.to_thread(self.chunker.chunk, normalized.markdown, normalized.title)
-        except DocumentError as exc:
-            raise JobFailure(exc.reason, permanent=True) from exc
+            # In a child process under a CPU budget: a pathological document cannot freeze
+            # this process (its event loop, heartbeat and other documents).
+            prepared = await self.sandbox.prepare(content, event.format, event.title)
+        except PreparationFailed as exc:
+            raise JobFailure(exc.reason, permanent=exc.permanent) from exc
+        drafts = prepared.drafts
         if not drafts:
             raise JobFailure("document produced no chunks", permanent=True)
         if len(drafts) > self.settings.ingest_max_chunks_per_document:
@@ -186,7 +183,7 @@ class IngestPipeline:
                 f"limit {self.settings.ingest_max_chunks_per_document}",
                 permanent=True,
             )
-        job.title = normalized.title
+        job.title = prepared.title
         job.chunks = self._identify(event, drafts)
 
     def _identify(self, event: IngestEvent, drafts: list[ChunkDraft]) -> list[PreparedChunk]:
@@ -352,6 +349,7 @@ class IngestPipeline:
         for task in list(self._cleanups):
             task.cancel()
         await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await self.sandbox.close()
 
     async def _commit_record(self, job: Job) -> None:
         record = job.record or Versioned(None, 0)

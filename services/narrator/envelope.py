@@ -9,8 +9,9 @@ import re
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 _TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+_LONGEST_TAG = max(len(t) for t in _TAGS)
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_THINK_START = re.compile(r"<think>", re.IGNORECASE)
 _THINK_END = re.compile(r"</think>", re.IGNORECASE)
 _THINK_UNCLOSED = re.compile(r"<think>.*", re.DOTALL | re.IGNORECASE)
 _ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL | re.IGNORECASE)
@@ -20,7 +21,7 @@ _AFTER_ANSWER = re.compile(r"</answer>.*", re.DOTALL | re.IGNORECASE)
 def clean_output(text: str) -> str:
     """The answer in a whole reply: reasoning blocks and the envelope removed, anything after a
     closing </answer> dropped."""
-    text = _THINK_BLOCK.sub("", text)
+    text = _without_think_blocks(text)
     # A reply whose opening tag the chat template swallowed: the answer follows the last </think>.
     ends = list(_THINK_END.finditer(text))
     if ends:
@@ -31,6 +32,22 @@ def clean_output(text: str) -> str:
     if envelope:
         text = envelope.group(1)
     return _AFTER_ANSWER.sub("", text).strip()
+
+
+def _without_think_blocks(text: str) -> str:
+    """``text`` without its <think>...</think> blocks (the first closing tag after an opening one
+    ends it), in one left-to-right pass. A lazy "<think>.*?</think>" pattern would scan to the
+    end from every unclosed opening tag: quadratic in a reply full of them."""
+    kept: list[str] = []
+    pos = 0
+    while (opening := _THINK_START.search(text, pos)) is not None:
+        closing = _THINK_END.search(text, opening.end())
+        if closing is None:
+            break  # no later opening tag can be closed either
+        kept.append(text[pos : opening.start()])
+        pos = closing.end()
+    kept.append(text[pos:])
+    return "".join(kept)
 
 
 class VisibleText:
@@ -44,28 +61,29 @@ class VisibleText:
         self._closed = False
 
     def feed(self, chunk: str) -> str:
-        self._pending += chunk
+        # One pass with an index over what is pending (at most a partial tag plus ``chunk``):
+        # re-slicing the pending text at every '<' would be quadratic in a reply full of them.
+        pending = self._pending + chunk
         out: list[str] = []
-        while self._pending and not self._closed:
-            start = self._pending.find("<")
+        pos = 0
+        while pos < len(pending) and not self._closed:
+            start = pending.find("<", pos)
             if start < 0:
-                self._show(out, self._pending)
-                self._pending = ""
+                self._show(out, pending[pos:])
+                pos = len(pending)
                 break
-            self._show(out, self._pending[:start])
-            self._pending = self._pending[start:]
-            head = self._pending.lower()
-            tag = next((t for t in _TAGS if head.startswith(t)), None)
+            self._show(out, pending[pos:start])
+            tag = _tag_at(pending, start)
             if tag is not None:
-                self._pending = self._pending[len(tag) :]
+                pos = start + len(tag)
                 self._on_tag(tag)
-            elif any(t.startswith(head) for t in _TAGS):
+            elif _may_become_tag(pending, start):
+                pos = start
                 break
             else:
                 self._show(out, "<")
-                self._pending = self._pending[1:]
-        if self._closed:
-            self._pending = ""
+                pos = start + 1
+        self._pending = "" if self._closed else pending[pos:]
         return "".join(out)
 
     def flush(self) -> str:
@@ -84,3 +102,16 @@ class VisibleText:
             self._thinking = False
         elif tag == ANSWER_CLOSE:
             self._closed = True
+
+
+def _tag_at(text: str, start: int) -> str | None:
+    """The tag (any case) that ``text`` has at ``start``, if any."""
+    return next((t for t in _TAGS if text[start : start + len(t)].lower() == t), None)
+
+
+def _may_become_tag(text: str, start: int) -> bool:
+    """Whether ``text`` from ``start`` to its end is the beginning of a tag."""
+    if len(text) - start >= _LONGEST_TAG:
+        return False
+    rest = text[start:].lower()
+    return any(t.startswith(rest) for t in _TAGS)

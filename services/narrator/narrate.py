@@ -48,10 +48,36 @@ LOOP_MIN_CHARS = 160
 
 def looping(text: str) -> bool:
     """Whether the reply so far ends by repeating an earlier stretch of itself."""
-    if len(text) < LOOP_MIN_CHARS:
-        return False
-    tail = text[-LOOP_WINDOW:]
-    return tail in text[:-LOOP_WINDOW]
+    return LoopWatch().feed(text)
+
+
+class LoopWatch:
+    """``looping`` over a reply that grows delta by delta, in time linear in its length: each
+    LOOP_WINDOW-char stretch lying wholly before the last LOOP_WINDOW chars is remembered once
+    (by its hash), so a delta is checked against a set instead of re-joining and rescanning the
+    whole reply, which was quadratic over a long stream."""
+
+    def __init__(self) -> None:
+        self._seen: set[int] = set()
+        self._length = 0
+        # The reply from _buffer_start on: the stretches not yet remembered and the tail.
+        self._buffer = ""
+        self._buffer_start = 0
+        self._next = 0  # where the next stretch to remember starts
+
+    def feed(self, delta: str) -> bool:
+        """Add ``delta``; whether the reply now ends by repeating an earlier stretch."""
+        self._buffer += delta
+        self._length += len(delta)
+        while self._next + 2 * LOOP_WINDOW <= self._length:
+            at = self._next - self._buffer_start
+            self._seen.add(hash(self._buffer[at : at + LOOP_WINDOW]))
+            self._next += 1
+        keep_from = min(self._next, self._length - LOOP_WINDOW)
+        if keep_from > self._buffer_start:
+            self._buffer = self._buffer[keep_from - self._buffer_start :]
+            self._buffer_start = keep_from
+        return self._length >= LOOP_MIN_CHARS and hash(self._buffer[-LOOP_WINDOW:]) in self._seen
 
 
 Event = str | Answer
@@ -109,6 +135,7 @@ class Narrator:
         )
         parts: list[str] = []
         visible = VisibleText()
+        loop_watch = LoopWatch()
         try:
             async with contextlib.aclosing(self._stream(messages, request.max_tokens)) as stream:
                 async for chunk in stream:
@@ -116,7 +143,7 @@ class Narrator:
                     text = visible.feed(chunk)
                     if text:
                         yield text
-                    if looping("".join(parts)):
+                    if loop_watch.feed(chunk):
                         metrics.LOOPS_STOPPED.inc()
                         break
         except LLMError as exc:

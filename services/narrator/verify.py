@@ -20,7 +20,8 @@ from services.narrator.model import Fact, Rejection, RejectReason, Sentence
 NOT_FOUND_MARKER = "NOT_IN_DOCUMENTS"
 
 _LIST_ITEM = re.compile(r"^\s*(?:[-*\u2022]|\d{1,2}[.)])\s+")
-_END_PUNCTUATION = re.compile(r"([.!?]+[\"')\]]*)$")
+_STOPS = ".!?"
+_CLOSERS = "\"')]"
 _NOT_WORD = re.compile(r"[^A-Z0-9]+")
 _WORD = re.compile(r"\w")
 # An uncited sentence is bound to a source only when it says something checkable: this many
@@ -45,11 +46,20 @@ def is_not_found_marker(sentence: str) -> bool:
 def with_citation(text: str, numbers: Iterable[int]) -> str:
     """``text`` ending with one normalised marker before its final punctuation: "X is Y [1, 3]."."""
     body = strip_citations(text)
-    end = _END_PUNCTUATION.search(body)
-    punctuation = end.group(1) if end else "."
-    body = body[: end.start()].rstrip() if end else body
+    end = _final_punctuation_start(body)
+    punctuation = body[end:] if end is not None else "."
+    body = body[:end].rstrip() if end is not None else body
     marker = ", ".join(str(n) for n in numbers)
     return f"{body} [{marker}]{punctuation}"
+
+
+def _final_punctuation_start(text: str) -> int | None:
+    """Where ``text``'s final punctuation starts: stops then closing quotes or brackets at its
+    very end ("[.!?]+[\"')\\]]*$"), found from the end; None when it has none. (The regex,
+    retried from every char of a long run of stops, is quadratic.)"""
+    closers_start = len(text.rstrip(_CLOSERS))
+    stops_start = len(text[:closers_start].rstrip(_STOPS))
+    return stops_start if stops_start < closers_start else None
 
 
 def support_texts(facts: Iterable[Fact]) -> dict[int, str]:

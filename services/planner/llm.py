@@ -208,7 +208,10 @@ def _texts(value: Any) -> list[str]:
 def _in_query(query: str, keyword: str) -> str:
     """``keyword`` as the query spells it, when the query holds it as whole words; "" if not."""
     words = keyword.strip(" \"'`").split()
-    if not words:
+    # Found words are spelt as the keyword's, so one too long for _usable_keyword is dropped
+    # here, before its pattern is built: the search costs the query's length times the pattern's.
+    joined = " ".join(words)
+    if not words or len(joined) > MAX_KEYWORD_CHARS or len(tokens(joined)) > MAX_KEYWORD_WORDS:
         return ""
     pattern = r"(?<!\w)" + r"\s+".join(re.escape(w) for w in words) + r"(?!\w)"
     match = re.search(pattern, query, re.IGNORECASE)

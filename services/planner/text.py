@@ -35,13 +35,13 @@ META_WORDS = frozenset({"please", "overview", "summary", "information", "info", 
 
 # Quoted spans: straight double quotes, curly quotes, backticks, and straight single quotes that
 # are not apostrophes (a quote glued to a letter on its outer side is "don't", "Alzheimer's").
-_QUOTED = re.compile(
-    r'"(?P<d>[^"\n]+)"'
-    "|\u201c(?P<c>[^\u201d\n]+)\u201d"
-    "|\u2018(?P<cs>[^\u2019\n]+)\u2019"
-    r"|`(?P<b>[^`\n]+)`"
-    r"|(?<![\w'])'(?P<s>[^'\n]+)'(?![\w'])"
-)
+# A span is an opening quote, at least one char, and the matching closing quote on the same line:
+# what the regex  "([^"\n]+)" | \u201c([^\u201d\n]+)\u201d | \u2018([^\u2019\n]+)\u2019 |
+# `([^`\n]+)` | (?<![\w'])'([^'\n]+)'(?![\w'])  finds, leftmost first. That regex is quadratic on a line of
+# unclosed curly quotes (each one scans to the line end), so quoted_spans scans instead.
+_OPENING_QUOTES = re.compile("[\"\u201c\u2018`']")
+_CLOSING_QUOTE = {'"': '"', "\u201c": "\u201d", "\u2018": "\u2019", "`": "`", "'": "'"}
+_WORD_OR_QUOTE = re.compile(r"[\w']")
 # Characters trimmed from both ends of a whitespace-separated token.
 _EDGE_PUNCT = "\"'\u201c\u201d\u2018\u2019`()[]{}<>,;:!?."
 # Closing quotes and brackets after a word; what precedes them decides whether a clause ends.
@@ -79,21 +79,64 @@ def collapse_spaces(text: str) -> str:
     return " ".join(text.split())
 
 
+class _NextIndex:
+    """``text.find(char, start)`` for starts that (mostly) grow: a found index is reused until
+    the start passes it, so the scans over one text add up to linear time."""
+
+    def __init__(self, text: str, char: str) -> None:
+        self._text = text
+        self._char = char
+        self._searched_from = len(text) + 1
+        self._found = -1
+
+    def at_or_after(self, start: int) -> int:
+        if self._searched_from > start or 0 <= self._found < start:
+            self._found = self._text.find(self._char, start)
+            self._searched_from = start
+        return self._found
+
+
+def quoted_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each quoted span of ``text``, quotes included, leftmost first and not
+    overlapping (see _OPENING_QUOTES), in linear time."""
+    closing = {char: _NextIndex(text, char) for char in set(_CLOSING_QUOTE.values())}
+    newline = _NextIndex(text, "\n")
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    while (opening := _OPENING_QUOTES.search(text, pos)) is not None:
+        start = opening.start()
+        end = closing[_CLOSING_QUOTE[text[start]]].at_or_after(start + 1)
+        line_end = newline.at_or_after(start + 1)
+        closed = end > start + 1 and (line_end < 0 or end < line_end)
+        if closed and text[start] == "'":
+            closed = not _word_or_quote_at(text, start - 1) and not _word_or_quote_at(text, end + 1)
+        if closed:
+            spans.append((start, end + 1))
+            pos = end + 1
+        else:
+            pos = start + 1
+    return spans
+
+
+def _word_or_quote_at(text: str, index: int) -> bool:
+    return 0 <= index < len(text) and _WORD_OR_QUOTE.match(text, index) is not None
+
+
 def quoted_phrases(query: str) -> list[str]:
-    return [p for p in (collapse_spaces(_quote_body(m)) for m in _QUOTED.finditer(query)) if p]
+    return [p for p in (collapse_spaces(query[a + 1 : b - 1]) for a, b in quoted_spans(query)) if p]
 
 
 def split_quoted(query: str) -> list[Segment]:
     """The query in order, with quoted phrases as their own segments (quotes removed)."""
     segments: list[Segment] = []
     last = 0
-    for match in _QUOTED.finditer(query):
-        if match.start() > last:
-            segments.append(Segment(query[last : match.start()], quoted=False))
-        body = collapse_spaces(_quote_body(match))
+    for start, end in quoted_spans(query):
+        if start > last:
+            segments.append(Segment(query[last:start], quoted=False))
+        body = collapse_spaces(query[start + 1 : end - 1])
         if body:
             segments.append(Segment(body, quoted=True))
-        last = match.end()
+        last = end
     if last < len(query):
         segments.append(Segment(query[last:], quoted=False))
     return segments
@@ -105,7 +148,13 @@ def without_quoted(query: str) -> str:
     A sentence break stands in for each span: what follows a quote is not sentence-initial,
     but it is not glued to what came before it either.
     """
-    return _QUOTED.sub(" , ", query)
+    pieces: list[str] = []
+    last = 0
+    for start, end in quoted_spans(query):
+        pieces += [query[last:start], " , "]
+        last = end
+    pieces.append(query[last:])
+    return "".join(pieces)
 
 
 def tokens(text: str) -> list[Token]:
@@ -125,7 +174,3 @@ def tokens(text: str) -> list[Token]:
 def word_key(text: str) -> str:
     """Comparison key: lower-cased word characters only, so "IL-6?" and "il 6" are the same query."""
     return " ".join(re.findall(r"\w+", text.lower()))
-
-
-def _quote_body(match: re.Match[str]) -> str:
-    return next(g for g in match.groups() if g is not None)

@@ -24,6 +24,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,6 +265,17 @@ def _to_document(record: ChunkRecord) -> tantivy.Document:
     return doc
 
 
+class DeadlinePassed(Exception):
+    """The caller's deadline passed while the exact leg was still working."""
+
+
+def check_deadline(deadline: float | None) -> None:
+    """Raise DeadlinePassed once ``deadline`` (time.monotonic) has passed: the exact leg runs
+    in a thread, which cannot be cancelled, so its loops check this instead."""
+    if deadline is not None and time.monotonic() >= deadline:
+        raise DeadlinePassed("the exact search ran out of time (the caller's deadline)")
+
+
 def _all_matching(searcher: tantivy.Searcher, query: Query) -> list[tuple[float, tantivy.DocAddress]]:
     # Count first: a top-k collector sized to the whole index would allocate for every doc.
     # The stubs of tantivy 0.27 omit SearchResult.count, which the runtime has.
@@ -477,12 +489,23 @@ class Collection:
         return hits
 
     def phrase_candidates(
-        self, keywords: Sequence[str], top_k: int, doc_ids: Sequence[str]
+        self,
+        keywords: Sequence[str],
+        top_k: int,
+        doc_ids: Sequence[str],
+        *,
+        max_candidates: int,
+        deadline: float | None = None,
     ) -> list[ChunkRecord]:
-        """Chunks that may rank in the top ``top_k`` for the exact phrase leg.
+        """Chunks that may rank in the top ``top_k`` for the exact phrase leg, at most
+        ``max(top_k, max_candidates)`` of them; DeadlinePassed once ``deadline`` has passed.
 
         Each keyword is a constant-score clause, so tantivy's score is the number of distinct
         keywords matched; only chunks tied with or above the k-th need their occurrences counted.
+        tantivy's collector keeps the best-scored ones, so the bound never drops a chunk with
+        more distinct keywords than one it keeps: past it (a stopword matching everything), the
+        occurrence tiebreak among the chunks tied at the cut covers the first ones in index
+        order only.
         """
         clauses: list[tuple[Occur, Query]] = []
         for keyword in keywords:
@@ -497,13 +520,19 @@ class Collection:
             clauses.append((Occur.Should, Query.const_score_query(match, 1.0)))
         if not clauses:
             return []
+        check_deadline(deadline)
         searcher = self._index.searcher()
-        hits = _all_matching(searcher, _with_doc_filter(Query.boolean_query(clauses), doc_ids))
+        query = _with_doc_filter(Query.boolean_query(clauses), doc_ids)
+        hits = searcher.search(query, limit=max(top_k, max_candidates), count=False).hits
+        hits.sort(key=lambda h: -h[0])
         if len(hits) > top_k:
-            hits.sort(key=lambda h: -h[0])
             threshold = hits[top_k - 1][0]
             hits = [h for h in hits if h[0] >= threshold]
-        return [_to_record(searcher.doc(address)) for _score, address in hits]
+        records = []
+        for _score, address in hits:
+            check_deadline(deadline)
+            records.append(_to_record(searcher.doc(address)))
+        return records
 
     def live_documents(self, chunk_ids: Iterable[str], doc_ids: Sequence[str]) -> dict[str, str]:
         """chunk_id -> doc_id for the ids that are committed (and in ``doc_ids`` when given)."""

@@ -12,25 +12,27 @@ from grpc import aio
 from meshkit.errors import deadline_exceeded, invalid_argument, resource_exhausted
 from meshkit.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
 from meshkit.ids import document_page, validate_chunk_id, validate_collection, validate_doc_id
+from meshkit.interceptors import deadline_var
 from meshkit.replog import write_timeout
 from meshkit.server import ServiceSpec
 from meshkit.settings import SparseSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.sparse import metrics
-from services.sparse.collection import ChunkRecord, Collection, DocumentUpdate, Hit
+from services.sparse.collection import ChunkRecord, Collection, DeadlinePassed, DocumentUpdate, Hit
 from services.sparse.exact import (
     Keyword,
     RipgrepTimeout,
-    count_phrases,
     find_ripgrep,
     normalise_keywords,
+    phrase_counts,
     rank,
     ripgrep_counts,
 )
 from services.sparse.store import SparseRemote, SparseStore
 
 MAX_KEYWORD_CHARS = 200
+DEFAULT_EXACT_MAX_CANDIDATES = SparseSettings.model_fields["sparse_exact_max_candidates"].default
 
 
 class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
@@ -102,11 +104,25 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         doc_ids = self._doc_filter(request.doc_ids)
         collection = await self._existing(name)
         started = time.perf_counter()
+        # The work is bounded (sparse_exact_max_candidates) and stops at the caller's deadline:
+        # a thread cannot be cancelled, so it checks the deadline as it goes.
+        deadline = deadline_var.get()
         if self.settings.sparse_exact_mode == "ripgrep":
-            hits = await self._exact_ripgrep(collection, keywords, top_k, doc_ids)
+            hits = await self._exact_ripgrep(collection, keywords, top_k, doc_ids, deadline)
             kind = "exact_ripgrep"
         else:
-            hits = await asyncio.to_thread(exact_phrase, collection, keywords, top_k, doc_ids)
+            try:
+                hits = await asyncio.to_thread(
+                    exact_phrase,
+                    collection,
+                    keywords,
+                    top_k,
+                    doc_ids,
+                    max_candidates=self.settings.sparse_exact_max_candidates,
+                    deadline=deadline,
+                )
+            except DeadlinePassed as exc:
+                raise deadline_exceeded(str(exc)) from None
             kind = "exact_phrase"
         self._observe(kind, started, hits)
         return sparse_pb2.SearchExactResponse(hits=[_hit_pb(h) for h in hits])
@@ -152,15 +168,29 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
     # --- helpers ---
 
     async def _exact_ripgrep(
-        self, collection: Collection, keywords: list[Keyword], top_k: int, doc_ids: list[str]
+        self,
+        collection: Collection,
+        keywords: list[Keyword],
+        top_k: int,
+        doc_ids: list[str],
+        deadline: float | None,
     ) -> list[Hit]:
         assert self.rg is not None  # checked in __init__
+        timeout = self.settings.sparse_exact_timeout_s
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
         try:
             counts = await ripgrep_counts(
-                self.rg, collection.files.root, keywords, self.settings.sparse_exact_timeout_s
+                self.rg,
+                collection.files.root,
+                keywords,
+                timeout,
+                max(top_k, self.settings.sparse_exact_max_candidates),
             )
         except RipgrepTimeout as exc:
             metrics.RIPGREP_TIMEOUTS.inc()
+            raise deadline_exceeded(str(exc)) from None
+        except DeadlinePassed as exc:
             raise deadline_exceeded(str(exc)) from None
         # Files can outlive their chunks after a crash: only committed chunks count.
         doc_of = await asyncio.to_thread(collection.live_documents, counts.keys(), doc_ids)
@@ -248,10 +278,20 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
 
 
 def exact_phrase(
-    collection: Collection, keywords: list[Keyword], top_k: int, doc_ids: Iterable[str]
+    collection: Collection,
+    keywords: list[Keyword],
+    top_k: int,
+    doc_ids: Iterable[str],
+    *,
+    max_candidates: int = DEFAULT_EXACT_MAX_CANDIDATES,
+    deadline: float | None = None,
 ) -> list[Hit]:
-    candidates = collection.phrase_candidates([k.needle for k in keywords], top_k, list(doc_ids))
-    counts = {r.chunk_id: count_phrases(r, keywords) for r in candidates}
+    """The phrase-mode exact leg: at most ``max(top_k, max_candidates)`` chunks read and counted;
+    DeadlinePassed once ``deadline`` (time.monotonic) has passed."""
+    candidates = collection.phrase_candidates(
+        [k.needle for k in keywords], top_k, list(doc_ids), max_candidates=max_candidates, deadline=deadline
+    )
+    counts = phrase_counts(candidates, keywords, deadline)
     return rank(counts, {r.chunk_id: r.doc_id for r in candidates}, keywords, top_k)
 
 
