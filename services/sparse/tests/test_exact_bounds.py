@@ -42,8 +42,15 @@ def body(i: int) -> str:
 
 
 async def serve(root: Path, mode: str, **overrides: Any) -> AsyncIterator[sparse_pb2_grpc.SparseServiceStub]:
+    # The in-process log: one replica, no NATS (the exact leg is what is under test).
     settings_ = SparseSettings(
-        port=0, log_format="text", sparse_data_dir=root, sparse_exact_mode=mode, **overrides
+        port=0,
+        log_format="text",
+        sparse_data_dir=root,
+        sparse_exact_mode=mode,
+        store_log="local",
+        sparse_upload_snapshots=False,
+        **overrides,
     )
     running = await start_service(build_spec(settings_), settings_)
     async with aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
