@@ -386,6 +386,24 @@ ABSENT: Final = "absent"
 RequestOutcome = Literal["unchanged", "pending", "requested", "absent"]
 
 
+def unneeded(current: DocStatus | None, event: IngestEvent) -> RequestOutcome | None:
+    """Why ``event`` needs no new request, given the document's status: its version is indexed
+    (unchanged) or already waiting (pending), or it deletes nothing (absent). None: it does."""
+    if event.op == "delete":
+        if current is None or current.state == DELETED:
+            return ABSENT
+        if current.state in PENDING_STATES and current.target_sha256 == DELETE_TARGET:
+            return PENDING
+        return None
+    if current is None or current.target_sha256 != event.content_sha256:
+        return None
+    if current.state == INDEXED and current.indexed_sha256 == event.content_sha256:
+        return UNCHANGED
+    if current.state in (QUEUED, PROCESSING):
+        return PENDING
+    return None
+
+
 @dataclass(frozen=True)
 class Requested:
     """What recording a request did: requested (written), unchanged (that version is indexed),
@@ -558,21 +576,9 @@ class Lifecycle:
         the reconciler publishes it."""
 
         def decide(current: DocStatus | None, revision: int, now: float) -> Decision:
-            if event.op == "upsert" and current is not None:
-                sha = event.content_sha256
-                if (
-                    current.state == INDEXED
-                    and current.indexed_sha256 == sha
-                    and current.target_sha256 == sha
-                ):
-                    return _Keep(UNCHANGED)
-                if current.state in (QUEUED, PROCESSING) and current.target_sha256 == sha:
-                    return _Keep(PENDING)
-            if event.op == "delete":
-                if current is None or current.state == DELETED:
-                    return _Keep(ABSENT)
-                if current.state in PENDING_STATES and current.target_sha256 == DELETE_TARGET:
-                    return _Keep(PENDING)
+            needless = unneeded(current, event)
+            if needless is not None:
+                return _Keep(needless)
             base = current or DocStatus(event.collection, event.doc_id, waiting_state(event))
             claimed = base.state == PROCESSING
             updated = base.with_changes(

@@ -44,6 +44,8 @@ from services.ingestion.lifecycle import (
     Contended,
     DocStatus,
     Lifecycle,
+    RequestOutcome,
+    unneeded,
 )
 from services.ingestion.normalize import detect_format, document_problem
 from services.ingestion.status_view import StatusView
@@ -225,75 +227,61 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
             return None if doc.content.startswith(b"%PDF-") else "content is not a PDF (no %PDF- header)"
         return document_problem(doc.content, fmt)
 
-    def _result(
-        self, submission: Submission, outcome: ingestion_pb2.SubmitOutcome, label: str
-    ) -> ingestion_pb2.SubmitResult:
-        SUBMITTED.labels(label).inc()
-        return ingestion_pb2.SubmitResult(
-            doc_id=submission.doc.doc_id, outcome=outcome, content_sha256=submission.sha
-        )
-
     async def _submit(self, collection: str, submission: Submission) -> ingestion_pb2.SubmitResult:
         assert self.lifecycle is not None
         doc = submission.doc
         key = doc_key(collection, doc.doc_id)
+        request_id = new_request_id()
+        event = IngestEvent(
+            op="upsert",
+            collection=collection,
+            doc_id=doc.doc_id,
+            content_sha256=submission.sha,
+            object_key=object_key_for(collection, key, submission.sha, request_id),
+            format=submission.fmt,
+            title=doc.title,
+            source_uri=doc.source_uri,
+            submitted_at=time.time(),
+            request_id=request_id,
+        )
         async with self._submit_slots:
             try:
                 current = (await self.lifecycle.status(key)).value
             except Exception as exc:
                 raise unavailable_error(f"queue {doc.doc_id!r}", exc, doc_id=doc.doc_id) from exc
-            early = self._needless(current, submission.sha)
-            if early is not None:
-                label = "unchanged" if early == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED else "pending"
-                return self._result(submission, early, label)
-            request_id = new_request_id()
-            event = IngestEvent(
-                op="upsert",
-                collection=collection,
-                doc_id=doc.doc_id,
-                content_sha256=submission.sha,
-                object_key=object_key_for(collection, key, submission.sha, request_id),
-                format=submission.fmt,
-                title=doc.title,
-                source_uri=doc.source_uri,
-                submitted_at=time.time(),
-                request_id=request_id,
-            )
-            try:
-                # Bytes first, under a key of their own: the request must never point at an
-                # object that does not exist, and no cleanup knows this key yet.
-                await self.objects.put(
-                    self.settings.documents_bucket,
-                    event.object_key,
-                    doc.content,
-                    metadata={"doc-id-sha256": sha256_hex(doc.doc_id.encode())},
-                )
-            except Exception as exc:
-                raise unavailable_error(f"store {doc.doc_id!r}", exc, doc_id=doc.doc_id) from exc
-            outcome = await self._request(event)
-        if outcome == UNCHANGED:
-            return self._result(submission, ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED, "unchanged")
-        return self._result(submission, ingestion_pb2.SUBMIT_OUTCOME_QUEUED, "queued")
+            # Checked again when the request is recorded; this spares storing the bytes.
+            outcome = unneeded(current, event)
+            if outcome is None:
+                try:
+                    # Bytes first, under a key of their own: the request must never point at an
+                    # object that does not exist, and no cleanup knows this key yet.
+                    await self.objects.put(
+                        self.settings.documents_bucket,
+                        event.object_key,
+                        doc.content,
+                        metadata={"doc-id-sha256": sha256_hex(doc.doc_id.encode())},
+                    )
+                except Exception as exc:
+                    raise unavailable_error(f"store {doc.doc_id!r}", exc, doc_id=doc.doc_id) from exc
+                outcome = await self._request(event)
+        SUBMITTED.labels(outcome).inc()
+        return ingestion_pb2.SubmitResult(
+            doc_id=doc.doc_id,
+            outcome=ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
+            if outcome == UNCHANGED
+            else ingestion_pb2.SUBMIT_OUTCOME_QUEUED,
+            content_sha256=submission.sha,
+        )
 
-    @staticmethod
-    def _needless(current: DocStatus | None, sha: str) -> ingestion_pb2.SubmitOutcome | None:
-        """The outcome when these bytes need no new request (checked again when recording)."""
-        if current is None or current.target_sha256 != sha:
-            return None
-        if current.state == INDEXED and current.indexed_sha256 == sha:
-            return ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
-        if current.state in (QUEUED, PROCESSING):
-            return ingestion_pb2.SUBMIT_OUTCOME_QUEUED  # that version is on its way already
-        return None
-
-    async def _request(self, event: IngestEvent) -> str:
+    async def _request(self, event: IngestEvent) -> RequestOutcome:
         """Record ``event`` as the current request (the commit point), then publish it. A
         publish that fails after the commit is left to the reconciler: the request stands."""
         assert self.lifecycle is not None
         try:
             requested = await self.lifecycle.request(event)
         except Exception as exc:
-            self._drop_unused(event)
+            # The bytes stay: the write may have landed with only its reply lost. Unrecorded,
+            # they are an orphan that costs storage only.
             raise unavailable_error(f"queue {event.doc_id!r}", exc, doc_id=event.doc_id) from exc
         if requested.outcome != REQUESTED:
             self._drop_unused(event)
@@ -309,7 +297,8 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         return requested.outcome
 
     def _drop_unused(self, event: IngestEvent) -> None:
-        """The bytes stored for a request that was not recorded: nothing refers to their key."""
+        """The bytes stored for a request that was decided against (the version is indexed or
+        pending already): nothing refers to their key."""
         if not event.object_key:
             return
 

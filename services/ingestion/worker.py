@@ -64,13 +64,7 @@ HEARTBEAT_WAIT_S = 5.0
 
 
 class IngestWorker:
-    def __init__(
-        self,
-        settings: IngestionSettings,
-        *,
-        objects: ObjectStore | None = None,
-        stores: Stores | None = None,
-    ) -> None:
+    def __init__(self, settings: IngestionSettings) -> None:
         self.settings = settings
         base = settings.ingest_worker_id or socket.gethostname()
         # Unique per incarnation: a restarted worker must not inherit its predecessor's claims.
@@ -80,8 +74,8 @@ class IngestWorker:
         self.lifecycle: Lifecycle | None = None
         self.dead_letters: DeadLetters | None = None
         self.pipeline: IngestPipeline | None = None
-        self.objects = objects
-        self.stores = stores
+        self.objects: ObjectStore | None = None
+        self.stores: Stores | None = None
         self.reconciler: Reconciler | None = None
         self._stopping = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
@@ -104,8 +98,8 @@ class IngestWorker:
         await ensure_topology(self.js, settings)
         self.lifecycle = await Lifecycle.open(self.js, settings)
         self.dead_letters = DeadLetters(self.js, settings)
-        self.stores = self.stores or Stores.from_settings(settings)
-        self.objects = self.objects or ObjectStore.from_settings(settings)
+        self.stores = Stores.from_settings(settings)
+        self.objects = ObjectStore.from_settings(settings)
         await self.objects.ensure_bucket(settings.documents_bucket)
         chunker = Chunker.from_settings(settings)
         self.pipeline = IngestPipeline(settings, self.objects, self.lifecycle, self.stores, chunker)
