@@ -22,7 +22,7 @@ class ObjectNotFound(KeyError):
 
 # What a call raises when the store is unreachable or failing (as opposed to ObjectNotFound):
 # callers treat these as infrastructure trouble, worth retrying later.
-UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (MinioException, urllib3.exceptions.HTTPError, OSError)
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (MinioException, urllib3.exceptions.HTTPError)
 
 
 class ObjectStore:

@@ -185,10 +185,10 @@ class Stores:
         return cls(
             Downstream("embedder", settings.embedder_address, embedder_pb2_grpc.EmbedderServiceStub, policy),
             [
-                Downstream(f"index shard {i}", address, index_pb2_grpc.IndexServiceStub, policy)
+                Downstream(f"index-{i}", address, index_pb2_grpc.IndexServiceStub, policy)
                 for i, address in enumerate(settings.index_address_list())
             ],
-            Downstream("sparse store", settings.sparse_address, sparse_pb2_grpc.SparseServiceStub, policy),
+            Downstream("sparse", settings.sparse_address, sparse_pb2_grpc.SparseServiceStub, policy),
         )
 
     async def close(self) -> None:
