@@ -5,7 +5,8 @@ needs them, so a fresh NATS server (or a new cluster) is set up by starting the 
 The consumer redelivers without limit (``max_deliver`` -1): attempts are counted by the
 lifecycle (services/ingestion/lifecycle.py), which dead-letters by its own count, so a
 "busy" redelivery or an infrastructure outage never exhausts an event. A consumer created by
-an older version with a delivery limit is updated in place.
+an older version with a delivery limit is recreated, which also brings back the events that
+had exhausted their deliveries under it.
 
 Subjects: one per document (``ragmesh.ingest.<collection>.<doc hash>``). Events published by
 older versions on ``ragmesh.ingest.<collection>`` still match the stream's ``ragmesh.ingest.>``
@@ -13,6 +14,7 @@ and are consumed as before; no migration step is needed."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import nats.js.errors
@@ -92,11 +94,15 @@ async def ensure_topology(js: JetStreamContext, settings: IngestionSettings) -> 
         return
     current = info.config
     if current.max_deliver != UNLIMITED_DELIVERIES:
-        # A consumer from a version that let JetStream count deliveries: lift the limit in place
-        # (a durable create with a changed config updates it), keeping its other settings.
+        # A consumer from a version that let JetStream count deliveries. Lifting the limit in
+        # place would leave the events that used it up in the stream, never delivered again;
+        # a recreated consumer delivers every event still in the stream (a duplicate of one in
+        # flight is harmless: its claim decides). Its other settings are kept.
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_consumer(settings.ingest_stream, settings.ingest_consumer)
         updated = wanted.evolve(ack_wait=current.ack_wait, max_ack_pending=current.max_ack_pending)
         await js.add_consumer(settings.ingest_stream, updated)
-        log.info("ingest consumer updated: unlimited deliveries", extra={"was": current.max_deliver})
+        log.warning("ingest consumer recreated with unlimited deliveries", extra={"was": current.max_deliver})
 
 
 async def publish_event(

@@ -9,7 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import nats
+import nats.errors
 import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
 
 from meshkit.settings import IngestionSettings
 from services.ingestion.events import IngestEvent, new_request_id, object_key_for
@@ -318,3 +320,40 @@ async def test_reconciler_republishes_only_what_has_no_event(env: tuple) -> None
     current = await lifecycle.status(stranded.key)
     reconciler.apply(stranded.key, current.revision, current.value)
     assert stranded.key not in reconciler.waiting
+
+
+async def test_a_consumer_with_a_delivery_limit_is_recreated_and_its_exhausted_events_return(
+    nats_url: str,
+) -> None:
+    settings = IngestionSettings(nats_url=nats_url, **PRODUCTION)
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await ensure_topology(js, settings)
+        await js.delete_consumer(settings.ingest_stream, settings.ingest_consumer)
+        old = ConsumerConfig(
+            durable_name=settings.ingest_consumer, ack_policy=AckPolicy.EXPLICIT, max_deliver=2
+        )
+        await js.add_consumer(settings.ingest_stream, old)
+        await publish_event(js, settings, upsert("1"), "ev-x")
+        consumer = await js.pull_subscribe_bind(
+            durable=settings.ingest_consumer, stream=settings.ingest_stream
+        )
+        for _ in range(2):
+            [msg] = await consumer.fetch(1, timeout=5)
+            await msg.nak()
+        with pytest.raises(nats.errors.TimeoutError):
+            await consumer.fetch(1, timeout=1)  # exhausted under the old limit
+        await consumer.unsubscribe()
+
+        await ensure_topology(js, settings)
+        info = await js.consumer_info(settings.ingest_stream, settings.ingest_consumer)
+        assert info.config.max_deliver == -1
+        consumer = await js.pull_subscribe_bind(
+            durable=settings.ingest_consumer, stream=settings.ingest_stream
+        )
+        [msg] = await consumer.fetch(1, timeout=5)
+        assert IngestEvent.from_bytes(msg.data).op == "upsert"
+        await consumer.unsubscribe()
+    finally:
+        await nc.close()
