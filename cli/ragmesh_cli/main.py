@@ -266,16 +266,29 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _replay_batch(state_dir: Path, request: ingestion_pb2.ReplayDeadLettersRequest) -> Any:
+    return asyncio.run(
+        _call_ingestion(state_dir, lambda stub: stub.ReplayDeadLetters(request, timeout=RPC_TIMEOUT_S))
+    )
+
+
 def cmd_dlq_replay(args: argparse.Namespace) -> int:
-    request = ingestion_pb2.ReplayDeadLettersRequest(
-        sequences=args.seq or [], collection=args.collection or ""
-    )
-    reply = asyncio.run(
-        _call_ingestion(
-            state_dir_of(args), lambda stub: stub.ReplayDeadLetters(request, timeout=RPC_TIMEOUT_S)
+    """One call for explicit sequences; else batch after batch (the API handles a bounded
+    number per call) until the cursor reaches the end."""
+    state_dir = state_dir_of(args)
+    replayed = superseded = 0
+    after = 0
+    while True:
+        request = ingestion_pb2.ReplayDeadLettersRequest(
+            sequences=args.seq or [], collection=args.collection or "", after_sequence=after
         )
-    )
-    print(f"replayed {reply.replayed} dead letters")
+        reply = _replay_batch(state_dir, request)
+        replayed += reply.replayed
+        superseded += reply.superseded
+        after = reply.next_after_sequence
+        if args.seq or not after:
+            break
+    print(f"replayed {replayed} dead letters; dropped {superseded} superseded by newer versions")
     return 0
 
 

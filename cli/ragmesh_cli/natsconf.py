@@ -69,10 +69,6 @@ def stream_api(stream: str) -> list[str]:
 
 _KV_STREAMS = tuple(f"KV_{bucket}" for bucket in KV_BUCKETS)
 _KV_SUBJECTS = tuple(f"$KV.{bucket}.>" for bucket in KV_BUCKETS)
-_INGEST_ADVISORIES = (
-    f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{INGEST_STREAM}.>",
-    f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{INGEST_STREAM}.>",
-)
 
 # Who uses NATS and for what (docs/SECURITY.md): the ingestion API queues events and reads and
 # writes document state; the workers consume events and write state and dead letters; index and
@@ -81,12 +77,11 @@ USER_GRANTS: dict[str, Grant] = {
     INGESTION: Grant(
         streams=(INGEST_STREAM, DLQ_STREAM, *_KV_STREAMS),
         publish=("ragmesh.ingest.>", "ragmesh.dlq.>", *_KV_SUBJECTS),
-        subscribe=_INGEST_ADVISORIES,
     ),
+    # The workers' reconciler republishes a request whose event was lost (services/ingestion).
     INGESTION_WORKER: Grant(
         streams=(INGEST_STREAM, DLQ_STREAM, *_KV_STREAMS),
-        publish=("ragmesh.dlq.>", *_KV_SUBJECTS),
-        subscribe=_INGEST_ADVISORIES,
+        publish=("ragmesh.ingest.>", "ragmesh.dlq.>", *_KV_SUBJECTS),
     ),
     # A store appends to its log and wakes its replicas on its tick subject (meshkit.replog).
     INDEX: Grant(

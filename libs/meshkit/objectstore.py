@@ -12,13 +12,18 @@ from typing import Any
 
 import urllib3
 from minio import Minio
-from minio.error import S3Error
+from minio.error import MinioException, S3Error
 
 from meshkit.settings import MeshSettings
 
 
 class ObjectNotFound(KeyError):
     pass
+
+
+# What a call raises when the store is unreachable or failing (as opposed to ObjectNotFound):
+# callers treat these as infrastructure trouble, worth retrying later.
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (MinioException, urllib3.exceptions.HTTPError)
 
 
 class ObjectStore:

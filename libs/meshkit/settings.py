@@ -339,9 +339,53 @@ class IngestionSettings(MeshSettings):
     ingest_stream: str = Field("RAGMESH_INGEST", description="JetStream work-queue stream of ingest events.")
     ingest_dlq_stream: str = Field("RAGMESH_INGEST_DLQ", description="Dead-letter stream.")
     ingest_consumer: str = Field("ingest-workers", description="Durable pull consumer shared by workers.")
-    ingest_max_deliver: int = Field(5, description="Deliveries before an event is dead-lettered.")
+    ingest_max_deliver: int = Field(
+        5,
+        ge=1,
+        description="Processing attempts of a document (worker claims, counted in its status) before it is "
+        "dead-lettered. Infrastructure failures and 'busy' redeliveries do not count; JetStream itself "
+        "redelivers without limit.",
+    )
     ingest_ack_wait_s: float = Field(60.0, description="Redelivery timeout of an unacked event.")
-    ingest_retry_backoff_s: str = Field("1,2,5,10", description="Nak delays per attempt, seconds.")
+    ingest_retry_backoff_s: str = Field(
+        "1,2,5,10",
+        description="Nak delays after a counted failed attempt, seconds (the first is also the first delay "
+        "of the transient backoff).",
+    )
+    ingest_transient_retry_window_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long a document keeps waiting out infrastructure failures (a downstream "
+        "UNAVAILABLE, deadline or open breaker, the object store or KV unreachable) before it is "
+        "dead-lettered; within it they cost no attempt, so a short outage delays documents, never fails "
+        "them.",
+    )
+    ingest_transient_backoff_max_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest delay between retries of an infrastructure failure (capped doubling).",
+    )
+    ingest_busy_delay_s: float = Field(
+        5.0,
+        gt=0,
+        description="Longest wait before an event for a document another live worker holds is looked at "
+        "again (costs no attempt).",
+    )
+    ingest_reconcile_interval_s: float = Field(
+        10.0, gt=0, description="How often each worker looks for documents whose event went missing."
+    )
+    ingest_reconcile_grace_s: float = Field(
+        30.0,
+        gt=0,
+        description="A document waiting (queued, processing, deleting) this long without an event on the "
+        "stream gets its current request republished (a crash between the status write and the publish).",
+    )
+    ingest_replay_batch: int = Field(
+        256,
+        ge=1,
+        le=10_000,
+        description="Most dead letters one ReplayDeadLetters call handles (then a cursor).",
+    )
     ingest_fetch_batch: int = Field(32, description="Events a worker pulls at once.")
     ingest_max_in_flight: int = Field(64, description="Documents a worker processes concurrently.")
     ingest_embed_batch: int = Field(64, description="Chunks per Embed call.")

@@ -17,7 +17,7 @@ from meshkit.logs import configure_logging
 from meshkit.natsconn import connect_options
 from meshkit.objectstore import ObjectStore
 from meshkit.settings import IngestionSettings
-from services.ingestion.state import open_buckets
+from services.ingestion.lifecycle import open_buckets
 from services.ingestion.topology import ensure_topology
 
 log = logging.getLogger("ragmesh.bootstrap")
@@ -34,7 +34,7 @@ async def bootstrap(settings: IngestionSettings) -> None:
     try:
         js = nc.jetstream()
         await ensure_topology(js, settings)
-        await open_buckets(js)
+        await open_buckets(js, settings.nats_stream_replicas)
     finally:
         await nc.drain()
     log.info("jetstream ready", extra={"stream": settings.ingest_stream, "dlq": settings.ingest_dlq_stream})

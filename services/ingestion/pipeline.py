@@ -1,9 +1,17 @@
-"""Indexing a batch of claimed documents: fetch, normalise, chunk, diff against the record
-manager, embed only new chunks, replace each document atomically in every index shard and in
-the sparse store, then record what is indexed.
+"""Indexing claimed documents: fetch, normalise, chunk, diff against the record manager, embed
+only new chunks, replace each document atomically in every index shard and in the sparse store
+under the claim's fence, then record what is indexed.
 
-Batching documents together lets concurrent small documents share embedding calls and
-lets each store commit once per batch instead of once per document.
+Documents flow on as they are ready: each job prepares (bytes -> chunks -> diff) on its own,
+and the jobs that finished preparing by the time the previous group left form the next write
+group, which shares its Embed calls and makes one ReplaceDocuments per store. A slow document
+therefore never holds back its batch-mates; each job is settled (``settle``) as soon as its
+group is done.
+
+Every write happens under the job's claim (services/ingestion/lifecycle.py): the claim is
+checked before the stores are written, the stores get its fence and answer ``stale_doc_ids``
+for a replacement older than one they applied, and the record is committed only while the
+claim holds. A job whose claim was taken over writes nothing more and is settled as lost.
 """
 
 from __future__ import annotations
@@ -12,15 +20,15 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from meshkit.client import Downstream, DownstreamError
-from meshkit.ids import chunk_id_for, doc_key, sha256_hex, shard_of
-from meshkit.objectstore import ObjectNotFound, ObjectStore
+from meshkit.client import ClientPolicy, Downstream, DownstreamError
+from meshkit.ids import chunk_id_for, sha256_hex, shard_of
+from meshkit.objectstore import UNAVAILABLE_ERRORS, ObjectNotFound, ObjectStore
 from meshkit.settings import IngestionSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
@@ -28,8 +36,19 @@ from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.ingestion.chunking import ChunkDraft, Chunker
 from services.ingestion.events import IngestEvent
+from services.ingestion.lifecycle import (
+    COUNTED,
+    PERMANENT,
+    STATE_STORE_ERRORS,
+    TRANSIENT,
+    Claim,
+    ClaimLost,
+    DocRecord,
+    FailureKind,
+    Lifecycle,
+    Versioned,
+)
 from services.ingestion.sandbox import DocumentSandbox, PreparationFailed
-from services.ingestion.state import Conflict, DocRecord, DocStatus, StateStore, Versioned
 
 log = logging.getLogger(__name__)
 
@@ -38,22 +57,59 @@ CHUNKS_REUSED = Counter("ragmesh_ingest_chunks_reused_total", "Unchanged chunks 
 DOCS_DONE = Counter("ragmesh_ingest_documents_total", "Documents processed.", ["op", "outcome"])
 STAGE_SECONDS = Histogram(
     "ragmesh_ingest_stage_seconds",
-    "Time per pipeline stage and batch.",
+    "Time per pipeline stage and group of documents.",
     ["stage"],
     buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
-
 CLEANUP_TIMEOUT_S = 60.0
+STORE_CALL_TIMEOUT_S = 120.0
+# DownstreamError reasons that say the downstream is unwell, not that the document is bad.
+TRANSIENT_DOWNSTREAM = frozenset({"unavailable", "deadline", "breaker_open"})
 
 
 class JobFailure(Exception):
-    """A document that could not be indexed. ``permanent``: retrying cannot help."""
+    """A document that could not be indexed. ``permanent``: retrying cannot help;
+    ``transient``: infrastructure trouble, retried for a window without counting an attempt.
+    The reason is shown to callers (status, dead letters): no internals in it."""
 
-    def __init__(self, reason: str, *, permanent: bool) -> None:
+    def __init__(self, reason: str, *, permanent: bool, transient: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.permanent = permanent
+        self.transient = transient and not permanent
+
+    @property
+    def kind(self) -> FailureKind:
+        return PERMANENT if self.permanent else TRANSIENT if self.transient else COUNTED
+
+
+def failure_of(exc: BaseException, stage: str, job: Job | None = None) -> JobFailure:
+    """A caller-safe failure for an exception raised while ``stage`` ran; the details are
+    logged (with the request id, through the logging context) instead."""
+    if isinstance(exc, JobFailure):
+        return exc
+    if isinstance(exc, DownstreamError):
+        transient = exc.reason in TRANSIENT_DOWNSTREAM
+        failure = JobFailure(
+            f"{exc.target} {exc.reason.replace('_', ' ')}", permanent=False, transient=transient
+        )
+    elif isinstance(exc, STATE_STORE_ERRORS):
+        failure = JobFailure("state store unavailable", permanent=False, transient=True)
+    elif isinstance(exc, UNAVAILABLE_ERRORS):
+        failure = JobFailure("object store unavailable", permanent=False, transient=True)
+    else:
+        failure = JobFailure(f"internal error while {stage}", permanent=False)
+    log.warning(
+        "document step failed",
+        extra={
+            "stage": stage,
+            "doc_id": job.event.doc_id if job else "",
+            "reason": failure.reason,
+            "error": repr(exc),
+        },
+    )
+    return failure
 
 
 @dataclass
@@ -69,26 +125,45 @@ class Job:
     """One claimed event and what the pipeline learns about it."""
 
     event: IngestEvent
-    status: DocStatus
-    status_revision: int
-    attempt: int
+    claim: Claim
     chunks: list[PreparedChunk] = field(default_factory=list)
     title: str = ""
     record: Versioned | None = None
     failure: JobFailure | None = None
+    # The record was written (its previous object may be cleaned up).
+    committed: bool = False
 
     @property
     def key(self) -> str:
-        return doc_key(self.event.collection, self.event.doc_id)
+        return self.event.key
+
+    @property
+    def fence(self) -> int:
+        return self.claim.fence
+
+    @property
+    def lost(self) -> bool:
+        return self.claim.lost
+
+    @property
+    def live(self) -> bool:
+        return self.failure is None and not self.claim.lost
+
+    @property
+    def previous_record(self) -> DocRecord | None:
+        return self.record.value if self.record else None
 
     @property
     def previous_chunk_ids(self) -> set[str]:
-        record = self.record.value if self.record else None
+        record = self.previous_record
         return set(record.chunk_ids) if record else set()
 
     def new_chunks(self) -> list[PreparedChunk]:
         previous = self.previous_chunk_ids
         return [c for c in self.chunks if c.chunk_id not in previous]
+
+
+Settle = Callable[[Job], Awaitable[None]]
 
 
 class Stores:
@@ -104,6 +179,18 @@ class Stores:
         self.shards = list(shards)
         self.sparse = sparse
 
+    @classmethod
+    def from_settings(cls, settings: IngestionSettings) -> Stores:
+        policy = ClientPolicy.from_settings(settings)
+        return cls(
+            Downstream("embedder", settings.embedder_address, embedder_pb2_grpc.EmbedderServiceStub, policy),
+            [
+                Downstream(f"index-{i}", address, index_pb2_grpc.IndexServiceStub, policy)
+                for i, address in enumerate(settings.index_address_list())
+            ],
+            Downstream("sparse", settings.sparse_address, sparse_pb2_grpc.SparseServiceStub, policy),
+        )
+
     async def close(self) -> None:
         downstreams: list[Downstream[Any]] = [self.embedder, *self.shards, self.sparse]
         for downstream in downstreams:
@@ -115,52 +202,95 @@ class IngestPipeline:
         self,
         settings: IngestionSettings,
         objects: ObjectStore,
-        state: StateStore,
+        lifecycle: Lifecycle,
         stores: Stores,
         chunker: Chunker,
     ) -> None:
         self.settings = settings
         self.objects = objects
-        self.state = state
+        self.lifecycle = lifecycle
         self.stores = stores
         self.chunker = chunker
         self.sandbox = DocumentSandbox(settings, chunker)
         self._embed_slots = asyncio.Semaphore(max(1, settings.ingest_embed_concurrency))
         self._cleanups: set[asyncio.Task[None]] = set()
 
-    async def process(self, jobs: list[Job]) -> None:
-        """Run every job to an outcome: on return each job either succeeded (``failure`` is
-        None and its state is committed) or carries the failure to report."""
+    async def process(self, jobs: list[Job], settle: Settle) -> None:
+        """Run every job to an outcome and ``settle`` it as soon as it has one: on settling,
+        a job either succeeded (``failure`` None, not lost: its record is committed), failed
+        (``failure``) or lost its claim (``lost``)."""
+        ready: asyncio.Queue[Job] = asyncio.Queue()
+
+        async def prepare(job: Job) -> None:
+            try:
+                await self._prepare(job)
+            finally:
+                ready.put_nowait(job)
+
+        preparing = [asyncio.create_task(prepare(job)) for job in jobs]
+        groups: list[asyncio.Task[None]] = []
+        try:
+            waiting = len(jobs)
+            while waiting:
+                group = [await ready.get()]
+                while not ready.empty():
+                    group.append(ready.get_nowait())
+                waiting -= len(group)
+                groups.append(asyncio.create_task(self._index_group(group, settle)))
+            await asyncio.gather(*groups)
+        finally:
+            for task in (*preparing, *groups):
+                task.cancel()
+            await asyncio.gather(*preparing, *groups, return_exceptions=True)
+
+    async def _index_group(self, jobs: list[Job], settle: Settle) -> None:
         started = time.perf_counter()
-        await asyncio.gather(*(self._prepare(job) for job in jobs))
-        STAGE_SECONDS.labels("prepare").observe(time.perf_counter() - started)
-        live = [job for job in jobs if job.failure is None]
+        live = [job for job in jobs if job.live]
         await self._embed(live)
-        live = [job for job in live if job.failure is None]
+        live = [job for job in live if job.live]
+        await self._check_claims(live)
+        live = [job for job in live if job.live]
         await self._write(live)
-        live = [job for job in live if job.failure is None]
+        live = [job for job in live if job.live]
         await asyncio.gather(*(self._commit(job) for job in live))
+        STAGE_SECONDS.labels("group").observe(time.perf_counter() - started)
         for job in jobs:
-            DOCS_DONE.labels(job.event.op, "ok" if job.failure is None else "failed").inc()
+            outcome = "lost" if job.lost else "ok" if job.failure is None else "failed"
+            DOCS_DONE.labels(job.event.op, outcome).inc()
+        await asyncio.gather(*(settle(job) for job in jobs))
+
+    async def _check_claims(self, jobs: list[Job]) -> None:
+        """Preparing and embedding can take long: a claim taken over meanwhile must not write
+        the stores (their fence check covers the moments after this one)."""
+
+        async def check(job: Job) -> None:
+            try:
+                await self.lifecycle.verify(job.claim)
+            except Exception as exc:
+                job.failure = failure_of(exc, "checking the claim", job)
+
+        await asyncio.gather(*(check(job) for job in jobs))
 
     # --- prepare: bytes -> chunks -> diff ---------------------------------------------------
 
     async def _prepare(self, job: Job) -> None:
+        started = time.perf_counter()
         try:
-            job.record = await self.state.get_record(job.key)
+            job.record = await self.lifecycle.record(job.key)
             if job.event.op == "upsert":
                 await self._chunk(job)
-        except JobFailure as failure:
-            job.failure = failure
-        except Exception as exc:  # object store or KV hiccup: worth another delivery
-            job.failure = JobFailure(f"prepare failed: {exc!r}", permanent=False)
+        except Exception as exc:
+            job.failure = failure_of(exc, "preparing the document", job)
+        STAGE_SECONDS.labels("prepare").observe(time.perf_counter() - started)
 
     async def _chunk(self, job: Job) -> None:
         event = job.event
         try:
             content = await self.objects.get(self.settings.documents_bucket, event.object_key)
         except ObjectNotFound as exc:
-            raise JobFailure(f"document object {event.object_key} is missing", permanent=True) from exc
+            raise JobFailure(
+                "the document's stored bytes are missing from the object store", permanent=True
+            ) from exc
         if sha256_hex(content) != event.content_sha256:
             raise JobFailure("stored bytes do not match the event's sha256", permanent=True)
         if len(content) > self.settings.ingest_max_document_bytes:
@@ -173,7 +303,9 @@ class IngestPipeline:
             # this process (its event loop, heartbeat and other documents).
             prepared = await self.sandbox.prepare(content, event.format, event.title)
         except PreparationFailed as exc:
-            raise JobFailure(exc.reason, permanent=exc.permanent) from exc
+            # Not permanent only when this worker stopped its children (shutting down): the
+            # document is not at fault, another worker will prepare it.
+            raise JobFailure(exc.reason, permanent=exc.permanent, transient=not exc.permanent) from exc
         drafts = prepared.drafts
         if not drafts:
             raise JobFailure("document produced no chunks", permanent=True)
@@ -211,9 +343,9 @@ class IngestPipeline:
         results = await asyncio.gather(*(self._embed_batch(b) for b in batches), return_exceptions=True)
         for batch, result in zip(batches, results, strict=True):
             if isinstance(result, BaseException):
-                reason = f"embedder: {result}" if isinstance(result, DownstreamError) else repr(result)
+                failure = failure_of(result, "embedding")
                 for job, _chunk in batch:
-                    job.failure = job.failure or JobFailure(reason, permanent=False)
+                    job.failure = job.failure or failure
         STAGE_SECONDS.labels("embed").observe(time.perf_counter() - started)
 
     async def _embed_batch(self, batch: list[tuple[Job, PreparedChunk]]) -> None:
@@ -222,7 +354,7 @@ class IngestPipeline:
         )
         async with self._embed_slots:
             reply = await self.stores.embedder.call(
-                self.stores.embedder.stub.Embed, request, idempotent=True, timeout=120.0
+                self.stores.embedder.stub.Embed, request, idempotent=True, timeout=STORE_CALL_TIMEOUT_S
             )
         if len(reply.vectors) != len(batch):
             raise JobFailure("embedder returned a wrong number of vectors", permanent=False)
@@ -230,7 +362,7 @@ class IngestPipeline:
             chunk.vector = list(vector.values)
         CHUNKS_EMBEDDED.inc(len(batch))
 
-    # --- write: one atomic replacement per document, per store ------------------------------
+    # --- write: one atomic, fenced replacement per document, per store ----------------------
 
     async def _write(self, jobs: list[Job]) -> None:
         started = time.perf_counter()
@@ -244,27 +376,45 @@ class IngestPipeline:
         calls = [self._replace_in_shard(collection, jobs, shard) for shard in range(len(self.stores.shards))]
         calls.append(self._replace_in_sparse(collection, jobs))
         results = await asyncio.gather(*calls, return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            reason = "; ".join(str(e) for e in errors)[:1000]
+        stale: set[str] = set()
+        failures: list[JobFailure] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                failures.append(failure_of(result, "writing the stores"))
+            else:
+                stale.update(result)
+        for job in jobs:
+            if job.event.doc_id in stale:
+                # A store applied a newer fence for this document: another worker owns it now.
+                log.warning("stale write refused by a store", extra={"doc_id": job.event.doc_id})
+                job.claim.lost = True
+        if failures:
+            transient = all(f.transient for f in failures)
+            reason = "; ".join(dict.fromkeys(f.reason for f in failures))[:500]
             for job in jobs:
-                job.failure = JobFailure(f"index write failed: {reason}", permanent=False)
+                job.failure = JobFailure(reason, permanent=False, transient=transient)
 
-    async def _replace_in_shard(self, collection: str, jobs: list[Job], shard: int) -> None:
+    async def _replace_in_shard(self, collection: str, jobs: list[Job], shard: int) -> set[str]:
         downstream = self.stores.shards[shard]
         documents = [self._shard_replacement(job, shard, resend=set()) for job in jobs]
         request = index_pb2.ReplaceDocumentsRequest(collection=collection, documents=documents)
         reply = await downstream.call(
-            downstream.stub.ReplaceDocuments, request, idempotent=True, timeout=120.0
+            downstream.stub.ReplaceDocuments, request, idempotent=True, timeout=STORE_CALL_TIMEOUT_S
         )
+        stale = set(reply.stale_doc_ids)
         if reply.missing_chunk_ids:
             # The shard lost chunks we believed indexed (e.g. restored from an older snapshot):
             # send them again with vectors.
             missing = set(reply.missing_chunk_ids)
-            await self._embed_missing(jobs, missing)
-            documents = [self._shard_replacement(job, shard, resend=missing) for job in jobs]
+            again = [job for job in jobs if job.event.doc_id not in stale]
+            await self._embed_missing(again, missing)
+            documents = [self._shard_replacement(job, shard, resend=missing) for job in again]
             request = index_pb2.ReplaceDocumentsRequest(collection=collection, documents=documents)
-            await downstream.call(downstream.stub.ReplaceDocuments, request, idempotent=True, timeout=120.0)
+            reply = await downstream.call(
+                downstream.stub.ReplaceDocuments, request, idempotent=True, timeout=STORE_CALL_TIMEOUT_S
+            )
+            stale.update(reply.stale_doc_ids)
+        return stale
 
     def _shard_replacement(self, job: Job, shard: int, resend: set[str]) -> index_pb2.DocumentReplacement:
         previous = job.previous_chunk_ids
@@ -282,7 +432,9 @@ class IngestPipeline:
                         vector=common_pb2.Vector(values=chunk.vector or []),
                     )
                 )
-        return index_pb2.DocumentReplacement(doc_id=job.event.doc_id, upserts=upserts, keep_chunk_ids=keep)
+        return index_pb2.DocumentReplacement(
+            doc_id=job.event.doc_id, upserts=upserts, keep_chunk_ids=keep, fence=job.fence
+        )
 
     async def _embed_missing(self, jobs: list[Job], missing: set[str]) -> None:
         pending = [(job, c) for job in jobs for c in job.chunks if c.chunk_id in missing and c.vector is None]
@@ -290,16 +442,25 @@ class IngestPipeline:
         for i in range(0, len(pending), size):
             await self._embed_batch(pending[i : i + size])
 
-    async def _replace_in_sparse(self, collection: str, jobs: list[Job]) -> None:
+    async def _replace_in_sparse(self, collection: str, jobs: list[Job]) -> set[str]:
         sparse = self.stores.sparse
         documents = [self._sparse_replacement(job, resend=set()) for job in jobs]
         request = sparse_pb2.ReplaceDocumentsRequest(collection=collection, documents=documents)
-        reply = await sparse.call(sparse.stub.ReplaceDocuments, request, idempotent=True, timeout=120.0)
+        reply = await sparse.call(
+            sparse.stub.ReplaceDocuments, request, idempotent=True, timeout=STORE_CALL_TIMEOUT_S
+        )
+        stale = set(reply.stale_doc_ids)
         if reply.missing_chunk_ids:
             missing = set(reply.missing_chunk_ids)
-            documents = [self._sparse_replacement(job, resend=missing) for job in jobs]
+            documents = [
+                self._sparse_replacement(job, resend=missing) for job in jobs if job.event.doc_id not in stale
+            ]
             request = sparse_pb2.ReplaceDocumentsRequest(collection=collection, documents=documents)
-            await sparse.call(sparse.stub.ReplaceDocuments, request, idempotent=True, timeout=120.0)
+            reply = await sparse.call(
+                sparse.stub.ReplaceDocuments, request, idempotent=True, timeout=STORE_CALL_TIMEOUT_S
+            )
+            stale.update(reply.stale_doc_ids)
+        return stale
 
     def _sparse_replacement(self, job: Job, resend: set[str]) -> sparse_pb2.DocumentReplacement:
         previous = job.previous_chunk_ids
@@ -323,74 +484,60 @@ class IngestPipeline:
                     ),
                 )
             )
-        return sparse_pb2.DocumentReplacement(doc_id=job.event.doc_id, upserts=upserts, keep_chunk_ids=keep)
+        return sparse_pb2.DocumentReplacement(
+            doc_id=job.event.doc_id, upserts=upserts, keep_chunk_ids=keep, fence=job.fence
+        )
 
     # --- commit: the record manager learns what is now indexed ------------------------------
 
     async def _commit(self, job: Job) -> None:
+        record = None
+        if job.event.op == "upsert":
+            record = DocRecord(
+                collection=job.event.collection,
+                doc_id=job.event.doc_id,
+                content_sha256=job.event.content_sha256,
+                object_key=job.event.object_key,
+                title=job.title,
+                chunk_ids=[c.chunk_id for c in job.chunks],
+                fence=job.fence,
+            )
+        base = job.record.revision if job.record else 0
         try:
-            await self._commit_record(job)
-        except Exception as exc:
-            job.failure = JobFailure(f"commit failed: {exc!r}", permanent=False)
+            await self.lifecycle.commit_record(job.claim, record, base)
+        except ClaimLost:
+            job.claim.lost = True
             return
-        # Old raw bytes are only storage: their removal must never hold up acknowledging the event.
-        task = asyncio.create_task(self._cleanup(job))
+        except Exception as exc:
+            job.failure = failure_of(exc, "recording the indexed version", job)
+            return
+        job.committed = True
+
+    # --- cleanup: exact keys, never a prefix listing ----------------------------------------
+
+    def drop_object_later(self, key: str, object_key: str) -> None:
+        """Delete ``object_key`` in the background unless the document's current request or
+        record still uses it. Raw bytes are only storage: their removal never holds up an ack."""
+        if not object_key:
+            return
+        task = asyncio.create_task(self._drop_object(key, object_key))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    async def _cleanup(self, job: Job) -> None:
+    async def _drop_object(self, key: str, object_key: str) -> None:
         try:
-            await asyncio.wait_for(self._drop_superseded_objects(job), CLEANUP_TIMEOUT_S)
+            async with asyncio.timeout(CLEANUP_TIMEOUT_S):
+                if await self.lifecycle.object_in_use(key, object_key):
+                    return
+                await self.objects.delete(self.settings.documents_bucket, object_key)
         except Exception as exc:
-            # The next version's commit removes what is left.
-            log.warning("could not remove old document objects", extra={"key": job.key, "error": repr(exc)})
+            # An orphaned object costs storage only; it is never read again.
+            log.warning(
+                "could not remove a superseded document object", extra={"key": key, "error": repr(exc)}
+            )
 
     async def close(self) -> None:
         for task in list(self._cleanups):
             task.cancel()
         await asyncio.gather(*self._cleanups, return_exceptions=True)
         await self.sandbox.close()
-
-    async def _commit_record(self, job: Job) -> None:
-        record = job.record or Versioned(None, 0)
-        if job.event.op == "delete":
-            if record.value is not None:
-                await self.state.delete_record(job.key)
-            return
-        new_record = DocRecord(
-            collection=job.event.collection,
-            doc_id=job.event.doc_id,
-            content_sha256=job.event.content_sha256,
-            object_key=job.event.object_key,
-            title=job.title,
-            chunk_ids=[c.chunk_id for c in job.chunks],
-        )
-        revision = record.revision
-        for _ in range(3):
-            try:
-                await self.state.put_record(job.key, new_record, revision)
-                return
-            except Conflict:
-                # Only the claim holder writes a record; a conflict is an earlier attempt of
-                # ours that landed late. The claim makes this write the one that counts.
-                revision = (await self.state.get_record(job.key)).revision
-        raise JobFailure("record kept changing under the claim", permanent=False)
-
-    async def _drop_superseded_objects(self, job: Job) -> None:
-        """Raw bytes of versions other than the indexed one are no longer needed."""
-        prefix = job.event.object_key.rsplit("/", 1)[0] + "/" if job.event.object_key else ""
-        if job.event.op == "delete":
-            previous = job.record.value if job.record else None
-            prefix = previous.object_key.rsplit("/", 1)[0] + "/" if previous else ""
-        if not prefix:
-            return
-        keep = job.event.object_key if job.event.op == "upsert" else None
-        for key in await self.objects.list_keys(self.settings.documents_bucket, prefix):
-            if key != keep and not await self._is_requested(job, key):
-                await self.objects.delete(self.settings.documents_bucket, key)
-
-    async def _is_requested(self, job: Job, key: str) -> bool:
-        """A newer version may have been submitted meanwhile: its bytes must stay."""
-        current = await self.state.get_status(job.key)
-        status = current.value
-        return bool(status and key.endswith("/" + status.target_sha256))

@@ -1,12 +1,16 @@
-"""IngestionService: validates documents, stores them in the object store, records them as
-queued and announces them on the ingest stream; reports lifecycle and manages dead letters."""
+"""IngestionService: validates documents, stores their bytes in the object store, records
+each submission or delete as the document's current request (services/ingestion/lifecycle.py:
+the status write is the commit point) and announces it on the ingest stream; reports
+lifecycle and manages dead letters.
+
+Errors returned to callers say what failed and what to do, with the request id; the
+exception itself is logged under that id, never sent."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,27 +24,33 @@ from prometheus_client import Counter
 from meshkit.auth import READ, WRITE, Rule, readable
 from meshkit.errors import ServiceError, invalid_argument, not_found, resource_exhausted, unavailable
 from meshkit.ids import doc_id_problem, doc_key, sha256_hex, validate_collection, validate_doc_id
+from meshkit.logs import current_request_id
 from meshkit.natsconn import connect_options
-from meshkit.objectstore import ObjectStore
+from meshkit.objectstore import UNAVAILABLE_ERRORS, ObjectStore
 from meshkit.settings import IngestionSettings
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-from services.ingestion.deadletters import DeadLetters
-from services.ingestion.events import IngestEvent, object_key_for
-from services.ingestion.normalize import detect_format, document_problem
-from services.ingestion.state import (
-    DELETE_TARGET,
+from services.ingestion.deadletters import DeadLetter, DeadLetters
+from services.ingestion.events import IngestEvent, new_request_id, object_key_for
+from services.ingestion.lifecycle import (
+    DELETED,
     DELETING,
     FAILED,
     INDEXED,
     PROCESSING,
     QUEUED,
-    Conflict,
+    REQUESTED,
+    REQUEUED,
+    STATE_STORE_ERRORS,
+    UNCHANGED,
+    Contended,
     DocStatus,
-    StateStore,
-    open_buckets,
+    Lifecycle,
+    RequestOutcome,
+    unneeded,
 )
+from services.ingestion.normalize import detect_format, document_problem
 from services.ingestion.status_view import StatusView
-from services.ingestion.topology import ensure_topology
+from services.ingestion.topology import ensure_topology, publish_event
 
 log = logging.getLogger("ingestion.api")
 
@@ -49,8 +59,10 @@ MAX_TITLE_CHARS = 1000
 MAX_METADATA_ENTRIES = 64
 MAX_METADATA_CHARS = 4096
 MAX_PROBLEMS_REPORTED = 10
+MAX_STATUS_IDS = 1000
 SUBMIT_CONCURRENCY = 32
-CAS_RETRIES = 5
+DEFAULT_LIST_LIMIT = 1000
+MAX_LIST_LIMIT = 10_000
 
 
 def _collection(request: Any) -> str:
@@ -75,7 +87,7 @@ STATE_TO_PROTO = {
     INDEXED: ingestion_pb2.DOCUMENT_STATE_INDEXED,
     FAILED: ingestion_pb2.DOCUMENT_STATE_FAILED,
     DELETING: ingestion_pb2.DOCUMENT_STATE_DELETING,
-    "deleted": ingestion_pb2.DOCUMENT_STATE_DELETED,
+    DELETED: ingestion_pb2.DOCUMENT_STATE_DELETED,
 }
 
 
@@ -92,16 +104,34 @@ def _timestamp(seconds: float) -> Timestamp:
     return ts
 
 
+def unavailable_error(doing: str, exc: BaseException, **context: Any) -> ServiceError:
+    """UNAVAILABLE for an infrastructure failure while ``doing`` something: which part failed
+    and the request id for the caller, the exception for the log."""
+    if isinstance(exc, Contended):
+        part = "the document is being changed concurrently"
+    elif isinstance(exc, STATE_STORE_ERRORS):
+        part = "the state store (NATS) is unavailable"
+    elif isinstance(exc, UNAVAILABLE_ERRORS):
+        part = "the object store is unavailable"
+    else:
+        part = "an internal error occurred"
+    log.warning(
+        f"{doing} failed", extra={**context, "error": repr(exc)}, exc_info=not isinstance(exc, Contended)
+    )
+    return unavailable(f"could not {doing}: {part}; retry the call (request id {current_request_id()})")
+
+
 class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     def __init__(self, settings: IngestionSettings) -> None:
         self.settings = settings
         self.view = StatusView()
         self.nc: NATS | None = None
         self.js: JetStreamContext | None = None
-        self.state: StateStore | None = None
+        self.lifecycle: Lifecycle | None = None
         self.dead_letters: DeadLetters | None = None
         self.objects = ObjectStore.from_settings(settings)
         self._submit_slots = asyncio.Semaphore(SUBMIT_CONCURRENCY)
+        self._pending_drops: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.nc = await nats.connect(
@@ -112,25 +142,15 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         )
         self.js = self.nc.jetstream()
         await ensure_topology(self.js, self.settings)
-        status_kv, records_kv = await open_buckets(self.js)
-        self.state = StateStore(status_kv, records_kv)
-        self.dead_letters = DeadLetters(self.nc, self.js, self.settings)
-        await self.dead_letters.watch_max_deliveries(self._last_reason)
+        self.lifecycle = await Lifecycle.open(self.js, self.settings)
+        self.dead_letters = DeadLetters(self.js, self.settings)
         await self.objects.ensure_bucket(self.settings.documents_bucket)
-        await self.view.start(status_kv)
+        await self.view.start(self.lifecycle.status_kv)
 
     async def stop(self) -> None:
         await self.view.stop()
         if self.nc:
             await self.nc.drain()
-
-    async def _last_reason(self, event: IngestEvent) -> str:
-        assert self.state is not None
-        current = await self.state.get_status(doc_key(event.collection, event.doc_id))
-        reason = current.value.reason if current.value else ""
-        return (
-            f"exceeded {self.settings.ingest_max_deliver} deliveries; last error: {reason or 'worker lost'}"
-        )
 
     # --- IngestDocuments --------------------------------------------------------------------
 
@@ -209,107 +229,97 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         return document_problem(doc.content, fmt)
 
     async def _submit(self, collection: str, submission: Submission) -> ingestion_pb2.SubmitResult:
-        assert self.state is not None and self.js is not None
+        assert self.lifecycle is not None
         doc = submission.doc
         key = doc_key(collection, doc.doc_id)
+        request_id = new_request_id()
+        event = IngestEvent(
+            op="upsert",
+            collection=collection,
+            doc_id=doc.doc_id,
+            content_sha256=submission.sha,
+            object_key=object_key_for(collection, key, submission.sha, request_id),
+            format=submission.fmt,
+            title=doc.title,
+            source_uri=doc.source_uri,
+            submitted_at=time.time(),
+            request_id=request_id,
+        )
         async with self._submit_slots:
             try:
-                current = await self.state.get_status(key)
-                status: DocStatus | None = current.value
-                if (
-                    status is not None
-                    and status.state == INDEXED
-                    and status.indexed_sha256 == submission.sha
-                    and status.target_sha256 == submission.sha
-                ):
-                    SUBMITTED.labels("unchanged").inc()
-                    return ingestion_pb2.SubmitResult(
-                        doc_id=doc.doc_id,
-                        outcome=ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED,
-                        content_sha256=submission.sha,
-                    )
-                event = IngestEvent(
-                    op="upsert",
-                    collection=collection,
-                    doc_id=doc.doc_id,
-                    content_sha256=submission.sha,
-                    object_key=object_key_for(collection, key, submission.sha),
-                    format=submission.fmt,
-                    title=doc.title,
-                    source_uri=doc.source_uri,
-                    submitted_at=time.time(),
-                )
-                # Bytes first: the event must never point at an object that does not exist.
-                await self.objects.put(
-                    self.settings.documents_bucket,
-                    event.object_key,
-                    doc.content,
-                    metadata={"doc-id-sha256": sha256_hex(doc.doc_id.encode())},
-                )
-                await self._request(key, event, QUEUED)
-            except ServiceError:
-                raise
+                current = (await self.lifecycle.status(key)).value
             except Exception as exc:
-                log.warning("submit failed", extra={"doc_id": doc.doc_id, "error": repr(exc)})
-                raise unavailable(f"could not queue {doc.doc_id!r}: {exc!r}; retry the call") from exc
-        SUBMITTED.labels("queued").inc()
+                raise unavailable_error(f"queue {doc.doc_id!r}", exc, doc_id=doc.doc_id) from exc
+            # Checked again when the request is recorded; this spares storing the bytes.
+            outcome = unneeded(current, event)
+            if outcome is None:
+                try:
+                    # Bytes first, under a key of their own: the request must never point at an
+                    # object that does not exist, and no cleanup knows this key yet.
+                    await self.objects.put(
+                        self.settings.documents_bucket,
+                        event.object_key,
+                        doc.content,
+                        metadata={"doc-id-sha256": sha256_hex(doc.doc_id.encode())},
+                    )
+                except Exception as exc:
+                    raise unavailable_error(f"store {doc.doc_id!r}", exc, doc_id=doc.doc_id) from exc
+                outcome = await self._request(event)
+        SUBMITTED.labels(outcome).inc()
         return ingestion_pb2.SubmitResult(
-            doc_id=doc.doc_id, outcome=ingestion_pb2.SUBMIT_OUTCOME_QUEUED, content_sha256=submission.sha
+            doc_id=doc.doc_id,
+            outcome=ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
+            if outcome == UNCHANGED
+            else ingestion_pb2.SUBMIT_OUTCOME_QUEUED,
+            content_sha256=submission.sha,
         )
 
-    async def _request(self, key: str, event: IngestEvent, state: str) -> None:
-        """Record the new target version (CAS) and then publish the event. A document a worker
-        holds stays PROCESSING (its lease must survive); the worker sees the new target when it
-        finishes and leaves the document queued for the newer event."""
-        assert self.state is not None and self.js is not None
-        target = DELETE_TARGET if event.op == "delete" else event.content_sha256
-        for _ in range(CAS_RETRIES):
-            current = await self.state.get_status(key)
-            previous = current.value
-            base = previous or DocStatus(event.collection, event.doc_id, state)
-            keep_processing = previous is not None and previous.state == PROCESSING
-            updated = base.with_changes(
-                state=PROCESSING if keep_processing else state, target_sha256=target, reason="", attempts=0
-            )
-            try:
-                revision = await self.state.put_status(key, updated, current.revision)
-            except Conflict:
-                continue
-            self.view.apply(key, revision, updated)
-            break
-        else:
-            raise unavailable(f"document {event.doc_id!r} is being updated concurrently; retry")
+    async def _request(self, event: IngestEvent) -> RequestOutcome:
+        """Record ``event`` as the current request (the commit point), then publish it. A
+        publish that fails after the commit is left to the reconciler: the request stands."""
+        assert self.lifecycle is not None
         try:
-            await self.js.publish(
-                event.subject,
-                event.to_bytes(),
-                stream=self.settings.ingest_stream,
-                headers={"Nats-Msg-Id": uuid.uuid4().hex},
+            requested = await self.lifecycle.request(event)
+        except Exception as exc:
+            # The bytes stay: the write may have landed with only its reply lost. Unrecorded,
+            # they are an orphan that costs storage only.
+            raise unavailable_error(f"queue {event.doc_id!r}", exc, doc_id=event.doc_id) from exc
+        if requested.outcome != REQUESTED:
+            self._drop_unused(event)
+            return requested.outcome
+        self.view.apply(event.key, requested.revision, requested.status)
+        try:
+            await publish_event(self.js, self.settings, event, f"ev-{event.request_id}")  # type: ignore[arg-type]
+        except Exception as exc:
+            log.warning(
+                "publish failed after the request was recorded; the reconciler will publish it",
+                extra={"doc_id": event.doc_id, "error": repr(exc)},
             )
-        except Exception:
-            await self._revert(key, revision, previous)
-            raise
+        return requested.outcome
 
-    async def _revert(self, key: str, revision: int, previous: DocStatus | None) -> None:
-        """The event never made it onto the stream: put the status back so it does not claim
-        a queued document that nothing will process."""
-        assert self.state is not None
-        try:
-            if previous is None:
-                await self.state.status.purge(key)
-                self.view.apply(key, revision + 1, None)
-            else:
-                new_revision = await self.state.put_status(key, previous, revision)
-                self.view.apply(key, new_revision, previous)
-        except Exception:
-            log.exception("could not revert status after a failed publish", extra={"key": key})
+    def _drop_unused(self, event: IngestEvent) -> None:
+        """The bytes stored for a request that was decided against (the version is indexed or
+        pending already): nothing refers to their key."""
+        if not event.object_key:
+            return
+
+        async def drop() -> None:
+            try:
+                await self.objects.delete(self.settings.documents_bucket, event.object_key)
+            except Exception as exc:
+                log.warning(
+                    "could not remove an unused object", extra={"doc_id": event.doc_id, "error": repr(exc)}
+                )
+
+        task = asyncio.create_task(drop())
+        self._pending_drops.add(task)
+        task.add_done_callback(self._pending_drops.discard)
 
     # --- DeleteDocuments --------------------------------------------------------------------
 
     async def DeleteDocuments(
         self, request: ingestion_pb2.DeleteDocumentsRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.DeleteDocumentsResponse:
-        assert self.state is not None
         collection = validate_collection(request.collection)
         if not request.doc_ids:
             raise invalid_argument("no doc_ids in the request")
@@ -318,35 +328,47 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
                 f"{len(request.doc_ids)} ids, the limit is {self.settings.ingest_max_documents_per_request}"
             )
         ids = [validate_doc_id(doc_id) for doc_id in request.doc_ids]
-        statuses = await asyncio.gather(*(self.state.get_status(doc_key(collection, i)) for i in ids))
-        unknown = [
-            i for i, s in zip(ids, statuses, strict=True) if s.value is None or s.value.state == "deleted"
-        ]
+        statuses = await self._statuses(collection, ids, "delete documents")
+        unknown = [i for i, s in zip(ids, statuses, strict=True) if s is None or s.state == DELETED]
         if unknown:
             raise not_found(f"no such documents in {collection!r}: {', '.join(unknown[:20])}")
         for doc_id in ids:
-            event = IngestEvent(op="delete", collection=collection, doc_id=doc_id, submitted_at=time.time())
-            await self._request(doc_key(collection, doc_id), event, DELETING)
+            event = IngestEvent(
+                op="delete",
+                collection=collection,
+                doc_id=doc_id,
+                submitted_at=time.time(),
+                request_id=new_request_id(),
+            )
+            await self._request(event)
         return ingestion_pb2.DeleteDocumentsResponse(queued=len(ids))
 
     # --- status -----------------------------------------------------------------------------
 
+    async def _statuses(self, collection: str, ids: list[str], doing: str) -> list[DocStatus | None]:
+        assert self.lifecycle is not None
+        lifecycle = self.lifecycle
+        try:
+            found = await asyncio.gather(*(lifecycle.status(doc_key(collection, i)) for i in ids))
+        except Exception as exc:
+            raise unavailable_error(doing, exc, collection=collection) from exc
+        return [v.value for v in found]
+
     async def GetDocumentStatus(
         self, request: ingestion_pb2.GetDocumentStatusRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.GetDocumentStatusResponse:
-        assert self.state is not None
         collection = validate_collection(request.collection)
         if not request.doc_ids:
             raise invalid_argument("no doc_ids in the request")
-        if len(request.doc_ids) > 1000:
-            raise resource_exhausted(f"{len(request.doc_ids)} ids, the limit is 1000")
+        if len(request.doc_ids) > MAX_STATUS_IDS:
+            raise resource_exhausted(f"{len(request.doc_ids)} ids, the limit is {MAX_STATUS_IDS}")
         ids = [validate_doc_id(doc_id) for doc_id in request.doc_ids]
-        statuses = await asyncio.gather(*(self.state.get_status(doc_key(collection, i)) for i in ids))
-        unknown = [i for i, s in zip(ids, statuses, strict=True) if s.value is None]
+        statuses = await self._statuses(collection, ids, "read document status")
+        unknown = [i for i, s in zip(ids, statuses, strict=True) if s is None]
         if unknown:
             raise not_found(f"no such documents in {collection!r}: {', '.join(unknown[:20])}")
         return ingestion_pb2.GetDocumentStatusResponse(
-            documents=[self._status_message(s.value) for s in statuses]
+            documents=[self._status_message(s) for s in statuses if s is not None]
         )
 
     @staticmethod
@@ -392,8 +414,11 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     ) -> ingestion_pb2.ListDeadLettersResponse:
         assert self.dead_letters is not None
         collection = validate_collection(request.collection) if request.collection else ""
-        limit = min(request.limit or 1000, 10_000)
-        letters = await self.dead_letters.list(collection, limit)
+        limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+        try:
+            letters, cursor = await self.dead_letters.page(collection, request.after_sequence, limit)
+        except Exception as exc:
+            raise unavailable_error("list dead letters", exc, collection=collection) from exc
         return ingestion_pb2.ListDeadLettersResponse(
             dead_letters=[
                 ingestion_pb2.DeadLetter(
@@ -405,36 +430,81 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
                     failed_at=_timestamp(letter.failed_at),
                 )
                 for letter in letters
-            ]
+            ],
+            next_after_sequence=cursor,
         )
 
     async def ReplayDeadLetters(
         self, request: ingestion_pb2.ReplayDeadLettersRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.ReplayDeadLettersResponse:
-        assert self.dead_letters is not None and self.state is not None
         collection = validate_collection(request.collection) if request.collection else ""
-        letters = await self.dead_letters.list(collection, limit=1_000_000)
-        wanted = set(request.sequences)
-        if wanted - {letter.sequence for letter in letters}:
-            missing = sorted(wanted - {letter.sequence for letter in letters})
-            raise not_found(f"no dead letters with sequence {', '.join(map(str, missing[:20]))}")
-        chosen = [letter for letter in letters if letter.event and (not wanted or letter.sequence in wanted)]
-        replayed = 0
-        for letter in chosen:
-            assert letter.event is not None
-            key = doc_key(letter.event.collection, letter.event.doc_id)
-            if await self._superseded(key, letter.event):
-                # A newer version was submitted since: replaying would bring the old one back.
-                await self.dead_letters.forget(letter.sequence)
-                continue
-            state = DELETING if letter.event.op == "delete" else QUEUED
-            await self._request(key, letter.event, state)
-            await self.dead_letters.forget(letter.sequence)
-            replayed += 1
-        return ingestion_pb2.ReplayDeadLettersResponse(replayed=replayed)
+        letters, cursor = await self._letters_to_replay(request, collection)
+        replayed = superseded = 0
+        for letter in letters:
+            if letter.event is None:
+                continue  # undecodable: kept for an operator to read, never replayable
+            try:
+                if await self._replay(letter):
+                    replayed += 1
+                else:
+                    superseded += 1
+            except Exception as exc:
+                raise unavailable_error(
+                    f"replay dead letter {letter.sequence} ({replayed} replayed before it)",
+                    exc,
+                    sequence=letter.sequence,
+                ) from exc
+        return ingestion_pb2.ReplayDeadLettersResponse(
+            replayed=replayed, superseded=superseded, next_after_sequence=cursor
+        )
 
-    async def _superseded(self, key: str, event: IngestEvent) -> bool:
-        assert self.state is not None
-        current = (await self.state.get_status(key)).value
-        target = DELETE_TARGET if event.op == "delete" else event.content_sha256
-        return current is not None and current.target_sha256 != target
+    async def _letters_to_replay(
+        self, request: ingestion_pb2.ReplayDeadLettersRequest, collection: str
+    ) -> tuple[list[DeadLetter], int]:
+        """One bounded batch: the requested sequences, or the next page after the cursor."""
+        assert self.dead_letters is not None
+        dead_letters = self.dead_letters
+        batch = self.settings.ingest_replay_batch
+        wanted = list(dict.fromkeys(request.sequences))
+        if len(wanted) > batch:
+            raise resource_exhausted(
+                f"{len(wanted)} sequences in one call, the limit is {batch}; replay them in batches"
+            )
+        try:
+            if not wanted:
+                return await dead_letters.page(collection, request.after_sequence, batch)
+            found = await asyncio.gather(*(dead_letters.get(seq, collection) for seq in wanted))
+        except Exception as exc:
+            raise unavailable_error("read dead letters", exc, collection=collection) from exc
+        missing = [seq for seq, letter in zip(wanted, found, strict=True) if letter is None]
+        if missing:
+            where = f" in {collection!r}" if collection else ""
+            raise not_found(f"no dead letters{where} with sequence {', '.join(map(str, missing[:20]))}")
+        return [letter for letter in found if letter is not None], 0
+
+    async def _replay(self, letter: DeadLetter) -> bool:
+        """One compare-and-set decides: still the current request -> requeued and published;
+        else superseded. Either way the letter is then forgotten. True if requeued."""
+        assert self.lifecycle is not None and self.dead_letters is not None and letter.event is not None
+        result = await self.lifecycle.replay(letter.event, new_request_id())
+        if result.outcome == REQUEUED and result.event is not None:
+            self.view.apply(result.event.key, result.revision, result.status)
+            try:
+                await publish_event(self.js, self.settings, result.event, f"ev-{result.event.request_id}")  # type: ignore[arg-type]
+            except Exception as exc:
+                log.warning(
+                    "publish failed after the replay was recorded; the reconciler will publish it",
+                    extra={"doc_id": result.event.doc_id, "error": repr(exc)},
+                )
+            await self.dead_letters.forget(letter.sequence)
+            return True
+        await self.dead_letters.forget(letter.sequence)
+        # The superseded request's bytes, unless the current request or record still uses them.
+        if letter.event.object_key and not await self.lifecycle.object_in_use(
+            letter.event.key, letter.event.object_key
+        ):
+            try:
+                await self.objects.delete(self.settings.documents_bucket, letter.event.object_key)
+            except Exception as exc:
+                log.warning("could not remove a superseded object", extra={"error": repr(exc)})
+        return False

@@ -1,6 +1,8 @@
 """An in-memory view of every document's lifecycle, kept current by watching the status
 bucket, so collection counts cost no KV round trips. Writes made by this process are applied
-at once (write-through) so a caller that just submitted sees its documents as queued."""
+at once (write-through) so a caller that just submitted sees its documents as queued.
+
+``follow_statuses`` is the watch loop itself, shared with the reconciler."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nats.js.kv import KeyValue
 
-from services.ingestion.state import INDEXED, STATES, DocStatus
+from services.ingestion.lifecycle import INDEXED, STATES, DocStatus
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +56,36 @@ class StatusView:
 
     async def start(self, bucket: KeyValue) -> None:
         watcher = await bucket.watchall()
-        self._task = asyncio.create_task(self._follow(watcher))
+        self._task = asyncio.create_task(follow_statuses(watcher, self.apply, self.ready))
         await asyncio.wait_for(self.ready.wait(), timeout=60)
-
-    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
-        async for entry in watcher:
-            if entry is None:  # the initial values have all been delivered
-                self.ready.set()
-                continue
-            try:
-                deleted = entry.operation in ("DEL", "PURGE") or not entry.value
-                status = None if deleted else DocStatus.from_bytes(entry.value or b"")
-                self.apply(entry.key, int(entry.revision or 0), status)
-            except Exception:
-                log.exception("bad status entry", extra={"key": entry.key})
-            if not self.ready.is_set() and not entry.delta:
-                self.ready.set()
 
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+Apply = Callable[[str, int, DocStatus | None], None]
+
+
+async def follow_statuses(watcher: KeyValue.KeyWatcher, apply: Apply, ready: asyncio.Event) -> None:
+    """Feed every status entry (the current ones, then each change) to ``apply``; ``ready``
+    is set once the current ones are in. Stops the watcher when it ends (a watcher left
+    subscribed makes the connection's drain wait for its timeout)."""
+    try:
+        async for entry in watcher:
+            if entry is None:  # the initial values have all been delivered
+                ready.set()
+                continue
+            try:
+                deleted = entry.operation in ("DEL", "PURGE") or not entry.value
+                status = None if deleted else DocStatus.from_bytes(entry.value or b"")
+                apply(entry.key, int(entry.revision or 0), status)
+            except Exception:
+                log.exception("bad status entry", extra={"key": entry.key})
+            if not ready.is_set() and not entry.delta:
+                ready.set()
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(watcher.stop())

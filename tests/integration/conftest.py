@@ -31,12 +31,18 @@ def _wanted_services() -> list[str]:
 
 # Failure paths must play out in seconds, not the production minutes: short redelivery and
 # lease times, quick retries and breakers, and a small document limit to test it cheaply.
+# The lifecycle's own tests run with production timings (test_lifecycle.py and
+# services/ingestion/tests).
 TEST_ENV = {
     "RAGMESH_INGEST_ACK_WAIT_S": "4",
     "RAGMESH_INGEST_LEASE_S": "4",
     "RAGMESH_INGEST_BATCH_TIMEOUT_S": "60",
     "RAGMESH_INGEST_MAX_DELIVER": "4",
     "RAGMESH_INGEST_RETRY_BACKOFF_S": "0.3,0.6,1",
+    # Infrastructure outages (S3, the embedder down) wait this long before dead-lettering
+    # (production: 10 min), retried at most 2 s apart.
+    "RAGMESH_INGEST_TRANSIENT_RETRY_WINDOW_S": "15",
+    "RAGMESH_INGEST_TRANSIENT_BACKOFF_MAX_S": "2",
     "RAGMESH_INGEST_MAX_DOCUMENT_BYTES": "1000000",
     "RAGMESH_BREAKER_RESET_S": "1",
     "RAGMESH_LLM_BREAKER_RESET_S": "1",
@@ -51,14 +57,15 @@ REPLICAS = {"embedder": 2, "planner": 2, "reranker": 2}
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The running mesh (NATS, S3 and every available service, one ingestion worker)."""
+    services = _wanted_services()
     running = Stack(
         tmp_path_factory.mktemp("stack"),
         workers=1,
-        services=_wanted_services(),
+        services=services,
         extra_env=TEST_ENV,
         # Two replicas of the search stages, balanced by the gateway's client, for the replica
         # fault tests; tests that stop a stage stop every replica of it.
-        replicas=REPLICAS,
+        replicas={kind: n for kind, n in REPLICAS.items() if kind in services},
     )
     try:
         running.up()

@@ -195,29 +195,39 @@ class DeadLetter(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., collection: _Optional[str] = ..., doc_id: _Optional[str] = ..., reason: _Optional[str] = ..., attempts: _Optional[int] = ..., failed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
-    __slots__ = ("collection", "limit")
+    __slots__ = ("collection", "limit", "after_sequence")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     collection: str
     limit: int
-    def __init__(self, collection: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    after_sequence: int
+    def __init__(self, collection: _Optional[str] = ..., limit: _Optional[int] = ..., after_sequence: _Optional[int] = ...) -> None: ...
 
 class ListDeadLettersResponse(_message.Message):
-    __slots__ = ("dead_letters",)
+    __slots__ = ("dead_letters", "next_after_sequence")
     DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     dead_letters: _containers.RepeatedCompositeFieldContainer[DeadLetter]
-    def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetter, _Mapping]]] = ...) -> None: ...
+    next_after_sequence: int
+    def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetter, _Mapping]]] = ..., next_after_sequence: _Optional[int] = ...) -> None: ...
 
 class ReplayDeadLettersRequest(_message.Message):
-    __slots__ = ("sequences", "collection")
+    __slots__ = ("sequences", "collection", "after_sequence")
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     sequences: _containers.RepeatedScalarFieldContainer[int]
     collection: str
-    def __init__(self, sequences: _Optional[_Iterable[int]] = ..., collection: _Optional[str] = ...) -> None: ...
+    after_sequence: int
+    def __init__(self, sequences: _Optional[_Iterable[int]] = ..., collection: _Optional[str] = ..., after_sequence: _Optional[int] = ...) -> None: ...
 
 class ReplayDeadLettersResponse(_message.Message):
-    __slots__ = ("replayed",)
+    __slots__ = ("replayed", "superseded", "next_after_sequence")
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     replayed: int
-    def __init__(self, replayed: _Optional[int] = ...) -> None: ...
+    superseded: int
+    next_after_sequence: int
+    def __init__(self, replayed: _Optional[int] = ..., superseded: _Optional[int] = ..., next_after_sequence: _Optional[int] = ...) -> None: ...

@@ -125,7 +125,7 @@ class IngestionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReplayDeadLetters(self, request, context):
-        """Put dead-lettered events back on the ingest stream.
+        """Put dead-lettered events back on the ingest stream, a bounded batch per call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
