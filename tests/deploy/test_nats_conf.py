@@ -34,7 +34,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, StreamConfig
 
 from meshkit.settings import IngestionSettings
-from services.ingestion.state import open_buckets
+from services.ingestion.lifecycle import open_buckets
 from services.ingestion.topology import ensure_topology
 
 from .pki import TestCA

@@ -23,10 +23,10 @@ from meshkit.settings import IngestionSettings
 from ragmesh.ingestion.v1 import ingestion_pb2 as pb
 from services.ingestion.chunking import Chunker
 from services.ingestion.events import IngestEvent
+from services.ingestion.lifecycle import Claim, DocStatus
 from services.ingestion.normalize import normalize
 from services.ingestion.pipeline import IngestPipeline, Job, JobFailure
 from services.ingestion.sandbox import DocumentSandbox, PreparationFailed, PreparedDocument
-from services.ingestion.state import DocStatus
 
 from .test_chunking import TOKENIZER_PATH
 from .test_normalize import make_pdf
@@ -236,7 +236,8 @@ def job_for(content: bytes, fmt: int) -> Job:
         object_key="c/d/x",
         format=fmt,
     )
-    return Job(event, DocStatus("c", "d.md", "PROCESSING"), 1, 1)
+    status = DocStatus("c", "d.md", "processing", request=event, owner="w", fence=1)
+    return Job(event, Claim(event, "w", 1, status))
 
 
 async def pipeline_chunk(content: bytes, fmt: int, chunker: Chunker, **overrides: Any) -> tuple[Job, float]:
