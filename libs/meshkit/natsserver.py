@@ -85,6 +85,15 @@ class NatsServer:
                 raise RuntimeError("nats-server did not become ready")
             time.sleep(0.05)
 
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its connections open and answers nothing (a hung host)."""
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL: what JetStream wrote to disk stays, nothing is flushed."""
         if self._proc is not None:

@@ -58,6 +58,12 @@ _MAX_APPEND_ATTEMPTS = 64
 # After this replica appended, the entry may take a moment to be readable on the replica of the
 # stream that answers direct gets: look again this soon rather than after a whole poll period.
 _QUICK_RETRY_S = 0.01
+# Longest wait for JetStream's ack of an append. A healthy server acks in milliseconds (a 32 MB
+# multi-part entry in about a second); a request written to a connection that died before its
+# ack came back is never answered, and waiting longer would hold the append lock, and with it
+# every write of the shard. Unacknowledged is reported as UNAVAILABLE: the entry may or may not
+# be in the log, and the writer's retry is idempotent.
+_APPEND_ACK_TIMEOUT_S = 10.0
 _ERROR_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 _WRONG_LAST_RE = re.compile(r"wrong last sequence: (\d+)")
 _ERR_WRONG_LAST_SEQUENCE = 10071
@@ -257,7 +263,7 @@ class JetStreamTransport:
 
         js = self._jetstream()
         expect = {"Nats-Expected-Last-Subject-Sequence": str(expected_last)}
-        timeout = max(5.0, min(60.0, self.settings.store_write_timeout_s))
+        timeout = min(_APPEND_ACK_TIMEOUT_S, self.settings.store_write_timeout_s)
         try:
             if len(messages) == 1:
                 data, headers = messages[0]

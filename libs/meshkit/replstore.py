@@ -517,7 +517,8 @@ class ReplicatedStore(Generic[C]):
         except LogUnavailable as exc:
             log.warning("log append failed", extra={"collection": name, "error": str(exc)})
             raise unavailable(
-                f"{self.label}: the replicated log is unreachable; nothing was written, retry"
+                f"{self.label}: the replicated log did not take the write (unreachable, or no "
+                "acknowledgement); retry"
             ) from None
         except LogTimeout as exc:
             raise deadline_exceeded(f"{self.label}: {exc}") from None

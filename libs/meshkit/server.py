@@ -223,6 +223,27 @@ async def start_service(spec: ServiceSpec, settings: MeshSettings) -> RunningSer
     return RunningService(spec, server, health_servicer, port, health_server)
 
 
+def log_task_stacks() -> None:
+    """SIGUSR1: log where every asyncio task of the process is waiting. A process that looks
+    idle but makes no progress is waiting on something; a thread dump (py-spy) cannot say what."""
+    for task in asyncio.all_tasks():
+        log.warning("task stack", extra={"task": task.get_name(), "frames": _await_chain(task.get_coro())})
+
+
+def _await_chain(coro: Any, limit: int = 32) -> list[str]:
+    """The frames of a suspended coroutine and of what it awaits, outermost first (asyncio's own
+    Task.get_stack gives only the outermost one)."""
+    frames: list[str] = []
+    while coro is not None and len(frames) < limit:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+        if frame is None:
+            frames.append(repr(coro)[:200])  # a future or another awaitable: what it waits on
+            break
+        frames.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+    return frames
+
+
 async def serve_until_signalled(spec: ServiceSpec, settings: MeshSettings) -> None:
     running = await start_service(spec, settings)
     stop = asyncio.Event()
@@ -230,6 +251,8 @@ async def serve_until_signalled(spec: ServiceSpec, settings: MeshSettings) -> No
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGUSR1, log_task_stacks)
     orphan_watch = (
         asyncio.create_task(exit_when_orphaned(stop)) if settings.worker_index is not None else None
     )

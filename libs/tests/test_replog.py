@@ -242,6 +242,42 @@ async def test_nats_down_refuses_writes_and_the_reader_resumes(
         server.stop()
 
 
+async def test_an_append_nobody_acknowledges_fails_soon_and_holds_no_other_write(
+    tmp_path: Path, shard: int, replicas: list[Replica]
+) -> None:
+    # A hung server (or an append written to a connection that died) never acks: the writer
+    # must give up after the ack timeout, not after its whole write timeout, since the append
+    # lock it holds meanwhile stops every other write of the shard.
+    server = NatsServer(tmp_path / "nats")
+    server.start()
+    try:
+        a = await make_replica(replicas, server, shard, store_write_timeout_s=60)
+        await a.log.submit(b"before", 10)
+        server.pause()
+        started = asyncio.get_running_loop().time()
+        outcomes = await asyncio.gather(
+            a.log.submit(b"first", 60), a.log.submit(b"second", 60), return_exceptions=True
+        )
+        waited = asyncio.get_running_loop().time() - started
+        assert all(isinstance(o, LogUnavailable) for o in outcomes), outcomes
+        assert waited < 30, f"the appends held the shard for {waited:.0f}s"
+        server.resume()
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:
+            with contextlib.suppress(LogUnavailable):
+                assert await a.log.submit(b"after", 10) == b"AFTER"
+                break
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.2)
+    finally:
+        server.resume()
+        for replica in replicas:
+            await replica.log.stop()
+            await replica.log.transport.close()
+        replicas.clear()
+        server.stop()
+
+
 async def test_a_recreated_log_restarts_positions(
     tmp_path: Path, shard: int, replicas: list[Replica]
 ) -> None:
