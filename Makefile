@@ -11,7 +11,7 @@ SCIFACT ?= ../shared/bench/scifact
 STAMP := $(VENV)/.installed
 
 .PHONY: setup proto proto-check lint fmt typecheck buf-check breaking check test test-unit test-integration \
-        up down status demo bench clean lock reranker-model deploy-check
+        up down status demo bench clean lock reranker-model deploy-check chaos
 
 setup: $(STAMP)
 
@@ -80,6 +80,14 @@ test-unit: setup
 
 test-integration: setup
 	$(BIN)/pytest -q -m integration
+
+# Ten minutes of the write path under random SIGKILLs with production timings (the CI run of
+# tests/integration/test_chaos.py is a short schedule); the report goes to .cache/chaos-report.json.
+CHAOS_SECONDS ?= 600
+chaos: setup
+	mkdir -p .cache
+	RAGMESH_CHAOS_SECONDS=$(CHAOS_SECONDS) RAGMESH_CHAOS_REPORT=$(abspath .cache/chaos-report.json) \
+		$(BIN)/pytest -q -s -m integration tests/integration/test_chaos.py
 
 up: setup
 	$(BIN)/ragmesh up

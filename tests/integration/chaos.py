@@ -241,7 +241,14 @@ class FaultInjector:
                 await asyncio.wait_for(stop.wait(), self.rng.uniform(*self.interval_s))
             if stop.is_set():
                 break
-            await self.strike(self.rng.choice(self.victims))
+            await self.strike(self._pick())
+
+    def _pick(self) -> str:
+        """A kind first, then one of its processes: each kind is hit as often, however many
+        replicas it runs (four index replicas must not crowd out NATS)."""
+        kinds = sorted({self.stack.component(v).kind for v in self.victims})
+        kind = self.rng.choice(kinds)
+        return self.rng.choice([v for v in self.victims if self.stack.component(v).kind == kind])
 
     async def strike(self, victim: str) -> None:
         fault = Fault(
