@@ -123,12 +123,16 @@ def issue(
     server: bool = True,
     client: bool = True,
     days: int = 365,
+    loopback: bool = True,
+    ips: Sequence[str] = (),
 ) -> Issued:
-    """A leaf certificate signed by ``ca`` for 127.0.0.1, localhost and ``dns_names``."""
+    """A leaf certificate signed by ``ca`` for ``dns_names`` and ``ips``, and for localhost and
+    127.0.0.1 unless ``loopback`` is False (a pod's certificate names its Service)."""
     ca_cert, ca_key = ca
     key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys([*LOOPBACK_NAMES, *dns_names])]
-    names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in LOOPBACK_IPS]
+    local_names, local_ips = (LOOPBACK_NAMES, LOOPBACK_IPS) if loopback else ((), ())
+    names: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys([*local_names, *dns_names])]
+    names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in dict.fromkeys([*local_ips, *ips])]
     if uri is not None:
         names.append(x509.UniformResourceIdentifier(uri))
     usages = [ExtendedKeyUsageOID.SERVER_AUTH] * server + [ExtendedKeyUsageOID.CLIENT_AUTH] * client
@@ -175,7 +179,7 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _write_pair(files: PKIFiles, name: str, issued: Issued) -> None:
+def write_pair(files: PKIFiles, name: str, issued: Issued) -> None:
     cert, key = issued
     _write_private(
         files.key(name),
@@ -209,7 +213,7 @@ def write_pki(
     files.directory.mkdir(parents=True, exist_ok=True)
     files.directory.chmod(0o700)
     ca = new_ca(ca_days)
-    _write_pair(files, CA_NAME, ca)
+    write_pair(files, CA_NAME, ca)
 
     def dns_for(service: str, names: Sequence[str]) -> list[str]:
         k8s = kubernetes_names(service, namespace, cluster_domain) if namespace else []
@@ -225,11 +229,11 @@ def write_pki(
             server=not client_only,
             days=days,
         )
-        _write_pair(files, identity, issued)
+        write_pair(files, identity, issued)
     if infra:
         for server, names in INFRA_SERVERS.items():
             issued = issue(
                 ca, server, dns_names=dns_for(names[-1], names), client=server in INFRA_PEERS, days=days
             )
-            _write_pair(files, server, issued)
+            write_pair(files, server, issued)
     return files
