@@ -778,6 +778,15 @@ class Stack:
 
     # ------------------------------------------------------------------ public API (sync)
 
+    def __enter__(self) -> Stack:
+        """``with Stack(...) as stack``: up on entry (a failed up stops what it started), down on
+        exit, whatever happened in between."""
+        self.up()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.down()
+
     def up(self) -> str:
         return asyncio.run(self.up_async())
 

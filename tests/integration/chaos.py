@@ -39,6 +39,8 @@ from ragmesh_cli.stack import Stack
 from services.ingestion.chunking import Chunker
 from services.ingestion.normalize import normalize
 
+from .meshclients import Mesh
+
 MD = ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN
 PDF = ingestion_pb2.DOCUMENT_FORMAT_PDF
 INDEXED = ingestion_pb2.DOCUMENT_STATE_INDEXED
@@ -286,24 +288,18 @@ class Violation(AssertionError):
 
 
 class Verifier:
-    """Reads every store and replica directly (``ListDocuments``) and compares it with what the
-    workload's accepted requests imply."""
+    """Reads every store and replica directly (``ListDocuments``, as the ``ops`` identity on a
+    secure stack) and compares it with what the workload's accepted requests imply."""
 
-    def __init__(self, stack: Stack, workload: Workload, settings: IngestionSettings) -> None:
-        self.stack = stack
+    def __init__(self, mesh: Mesh, workload: Workload, settings: IngestionSettings) -> None:
+        self.stack = mesh.stack
+        self.mesh = mesh
         self.workload = workload
         self.collection = workload.collection
         self.chunker = Chunker.from_settings(settings)
-        self._channels: list[aio.Channel] = []
-
-    async def close(self) -> None:
-        for channel in self._channels:
-            await channel.close()
 
     def _channel(self, name: str) -> aio.Channel:
-        channel = aio.insecure_channel(self.stack.address(name))
-        self._channels.append(channel)
-        return channel
+        return self.mesh.channel(name)
 
     # --- what should be there -------------------------------------------------------------
 
@@ -323,7 +319,7 @@ class Verifier:
 
     async def settle(self, timeout_s: float) -> float:
         """Seconds until every document is final and as expected; raises on timeout."""
-        ingestion = ingestion_pb2_grpc.IngestionServiceStub(self._channel("ingestion"))
+        ingestion = self.mesh.ingestion
         ids = list(self.workload.expected)
         started = time.monotonic()
         last: dict[str, str] = {}
@@ -370,7 +366,7 @@ class Verifier:
         return report
 
     async def _check_statuses(self) -> dict[str, int]:
-        ingestion = ingestion_pb2_grpc.IngestionServiceStub(self._channel("ingestion"))
+        ingestion = self.mesh.ingestion
         ids = list(self.workload.expected)
         reply = await ingestion.GetDocumentStatus(
             ingestion_pb2.GetDocumentStatusRequest(collection=self.collection, doc_ids=ids), timeout=10
@@ -469,7 +465,7 @@ class Verifier:
                 raise Violation(f"{where}: {first_name} and {name} disagree on fences of {sorted(diff)[:10]}")
 
     async def _check_dead_letters(self) -> dict[str, Any]:
-        ingestion = ingestion_pb2_grpc.IngestionServiceStub(self._channel("ingestion"))
+        ingestion = self.mesh.ingestion
         reply = await ingestion.ListDeadLetters(
             ingestion_pb2.ListDeadLettersRequest(collection=self.collection, limit=1000), timeout=30
         )
@@ -483,7 +479,7 @@ class Verifier:
         }
 
     async def _check_counts(self, expected: dict[str, set[str]]) -> dict[str, int]:
-        ingestion = ingestion_pb2_grpc.IngestionServiceStub(self._channel("ingestion"))
+        ingestion = self.mesh.ingestion
         counts = await ingestion.GetCollectionStatus(
             ingestion_pb2.GetCollectionStatusRequest(collection=self.collection), timeout=10
         )
@@ -516,13 +512,8 @@ async def run_chaos(
     """The workload and the fault injector side by side for ``duration_s``, then settle and verify.
     Returns the report (raises Violation when an invariant does not hold)."""
     rng = random.Random(config.seed)
-    channel = aio.insecure_channel(
-        stack.address("ingestion"),
-        options=[("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)],
-    )
-    workload = Workload(
-        ingestion_pb2_grpc.IngestionServiceStub(channel), collection, rng, config.documents, config.poison
-    )
+    mesh = Mesh(stack)
+    workload = Workload(mesh.ingestion, collection, rng, config.documents, config.poison)
     injector = FaultInjector(stack, victims, random.Random(config.seed + 1))
     stop = asyncio.Event()
     started = time.monotonic()
@@ -533,15 +524,15 @@ async def run_chaos(
         stop.set()
         await asyncio.gather(*tasks)
     chaos_s = round(time.monotonic() - started, 1)
-    verifier = Verifier(stack, workload, IngestionSettings())
+    verifier = Verifier(mesh, workload, IngestionSettings())
     try:
         settle_s = await verifier.settle(config.settle_timeout_s)
         checks = await verifier.verify()
     finally:
-        await verifier.close()
-        await channel.close()
+        await mesh.close()
     return {
         "seed": config.seed,
+        "secure": stack.secure,
         "chaos_seconds": chaos_s,
         "settle_seconds": settle_s,
         "operations": {

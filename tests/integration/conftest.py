@@ -58,7 +58,7 @@ REPLICAS = {"embedder": 2, "planner": 2, "reranker": 2}
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The running mesh (NATS, S3 and every available service, one ingestion worker)."""
     services = _wanted_services()
-    running = Stack(
+    with Stack(
         tmp_path_factory.mktemp("stack"),
         workers=1,
         services=services,
@@ -66,13 +66,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # Two replicas of the search stages, balanced by the gateway's client, for the replica
         # fault tests; tests that stop a stage stop every replica of it.
         replicas={kind: n for kind, n in REPLICAS.items() if kind in services},
-    )
-    try:
-        running.up()
+    ) as running:
         yield running
-    finally:
-        # up() already stops what it started when it fails; down() is a no-op then.
-        running.down()
 
 
 @pytest.fixture(scope="session")

@@ -57,18 +57,14 @@ def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     wanted = {s.strip() for s in limit.split(",")} if limit is not None else set(WRITE_PATH)
     if not set(WRITE_PATH) <= set(available_services()) & wanted:
         pytest.skip("needs the write path: " + ", ".join(WRITE_PATH))
-    stack = Stack(
+    with Stack(
         tmp_path_factory.mktemp("hostile-stack"),
         workers=2,
         index_shards=2,
         services=WRITE_PATH,
         extra_env=HOSTILE_ENV,
-    )
-    try:
-        stack.up()
+    ) as stack:
         yield stack
-    finally:
-        stack.down()
 
 
 @pytest.fixture

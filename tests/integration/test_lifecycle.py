@@ -46,14 +46,10 @@ STATUS_BUCKET = "ragmesh_doc_status"
 
 @pytest.fixture(scope="module")
 def prod_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(
+    with Stack(
         tmp_path_factory.mktemp("prodstack"), workers=WORKERS, services=SERVICES, extra_env=PRODUCTION_ENV
-    )
-    try:
-        running.up()
+    ) as running:
         yield running
-    finally:
-        running.down()
 
 
 @pytest.fixture

@@ -55,7 +55,7 @@ def doc_text(doc_id: str, version: int) -> str:
 
 @pytest.fixture(scope="module")
 def store_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    stack = Stack(
+    with Stack(
         tmp_path_factory.mktemp("replicas"),
         workers=1,
         index_shards=SHARDS,
@@ -63,12 +63,8 @@ def store_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         extra_env={"RAGMESH_LOG_LEVEL": "INFO"},
         replicas={"index": 2, "sparse": 2},
         health_timeout_s=120.0,
-    )
-    try:
-        stack.up()
+    ) as stack:
         yield stack
-    finally:
-        stack.down()
 
 
 @pytest.fixture
