@@ -253,7 +253,7 @@ async def test_writes_are_refused_while_the_log_is_down_and_reads_go_on(tmp_path
         await expect_code(
             replace(served.stub, replacement("k", doc_chunks("k", vectors, 2, 2, n), fence=2)),
             grpc.StatusCode.UNAVAILABLE,
-            "replicated log is unreachable",
+            "replicated log did not take the write",
         )
         hits = await served.stub.Search(
             index_pb2.SearchRequest(collection=COLLECTION, vector=vec(vectors[0]), top_k=5)
