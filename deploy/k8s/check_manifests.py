@@ -44,20 +44,28 @@ HERE = Path(__file__).resolve().parent
 GRPC = 50051
 OPS = "ragmesh-ops"
 BOOTSTRAP = "ragmesh-bootstrap"
-STAGES = (
-    "gateway",
-    "ingestion",
-    "ingestion-worker",
-    "embedder",
-    "index",
-    "sparse",
-    "planner",
-    "reranker",
-    "extractor",
-    "narrator",
-)
 PUBLIC = ("gateway", "ingestion")
 METRICS_PORTS = frozenset({9090, 8222, 9000, 8000})
+
+
+@functools.cache
+def _make_secrets() -> Any:
+    # make_secrets.py is a standalone script (operators run it without the project installed).
+    spec = importlib.util.spec_from_file_location("ragmesh_make_secrets", HERE / "make_secrets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("ragmesh_make_secrets", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _catalogue() -> dict[str, tuple[str, ...]]:
+    return {s.name: s.keys for s in _make_secrets().catalogue()}
+
+
+def stages() -> tuple[str, ...]:
+    """The mesh's workloads: one identity (certificate) each, as make_secrets.py issues them."""
+    return tuple(_make_secrets().IDENTITIES)
 
 
 def _calls() -> frozenset[tuple[str, str, int]]:
@@ -74,7 +82,7 @@ def _calls() -> frozenset[tuple[str, str, int]]:
         (s, "minio", 9000)
         for s in ("ingestion", "ingestion-worker", "index", "sparse", "reranker", BOOTSTRAP)
     }
-    calls |= {(OPS, s, GRPC) for s in STAGES}
+    calls |= {(OPS, s, GRPC) for s in stages()}
     return frozenset(calls)
 
 
@@ -172,16 +180,6 @@ class Rendered:
             else:
                 env[item["name"]] = "<field>"
         return env
-
-
-@functools.cache
-def _catalogue() -> dict[str, tuple[str, ...]]:
-    spec = importlib.util.spec_from_file_location("ragmesh_make_secrets", HERE / "make_secrets.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("ragmesh_make_secrets", module)
-    spec.loader.exec_module(module)
-    return {s.name: s.keys for s in module.catalogue()}
 
 
 # ---------------------------------------------------------------------------- NetworkPolicy semantics
@@ -474,7 +472,7 @@ def _mounts(pod: Pod, container: Mapping[str, Any]) -> dict[str, str]:
 def check_identity(r: Rendered) -> list[str]:
     findings: list[str] = []
     for pod in r.pods:
-        if pod.name not in STAGES:
+        if pod.name not in stages():
             continue
         for c in pod.spec.get("containers", []):
             env = r.env(c)
