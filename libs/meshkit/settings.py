@@ -568,6 +568,14 @@ class GatewaySettings(MeshSettings):
     gateway_finish_reserve_s: float = Field(
         0.1, ge=0, description="Deadline time kept back from the legs for fusion and hydration."
     )
+    gateway_hydrate_sparse_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of the time left when hydration starts that the sparse service's GetChunks "
+        "may take; when it fails or is late the rest goes to the index shards' stored payload (a "
+        "degradation with fallback INDEX_PAYLOAD).",
+    )
     gateway_rerank: bool = Field(
         True, description="Rerank fused candidates by default (per request: rerank)."
     )

@@ -84,8 +84,10 @@ async def test_sparse_down_is_one_degradation_and_then_breaker_open(gateway: Gat
         gateway.fakes.behaviour[key] = "fail"
     first = await search(gateway)
     assert names(first) == ["c0", "c1", "c2", "c3"]
-    assert all(not r.text for r in first.results)
+    # The passages come from the index shards' stored payload instead.
+    assert all(r.text.startswith("payload of ") for r in first.results)
     assert len(first.degradations) == 1
+    assert first.degradations[0].fallback == pb.FALLBACK_INDEX_PAYLOAD
     stage, reason, legs = degradations(first)[0]
     assert stage == pb.STAGE_SPARSE and sorted(legs) == [BM25, EXACT]
     assert reason in (pb.DEGRADATION_REASON_UNAVAILABLE, pb.DEGRADATION_REASON_BREAKER_OPEN)
@@ -164,10 +166,15 @@ async def test_every_leg_slow_is_deadline_exceeded_in_time(gateway: Gateway) -> 
 
 async def test_hydration_failure_returns_bare_results(gateway: Gateway) -> None:
     gateway.fakes.behaviour["chunks"] = "fail"
+    gateway.fakes.behaviour["index-chunks"] = "fail"
     response = await search(gateway)
     assert names(response) == ["c0", "c2", "c4", "c1", "c3"]
-    assert [(d.stage, list(d.legs)) for d in response.degradations] == [(pb.STAGE_SPARSE, [])]
-    assert "without text" in response.degradations[0].message and not response.results[0].text
+    assert [(d.stage, list(d.legs)) for d in response.degradations] == [
+        (pb.STAGE_SPARSE, []),
+        (pb.STAGE_INDEX, []),
+    ]
+    assert "passage text" in response.degradations[0].message and not response.results[0].text
+    assert response.degradations[0].fallback == pb.FALLBACK_UNSPECIFIED
 
 
 async def test_unknown_collection_is_not_found(gateway: Gateway) -> None:
@@ -199,5 +206,6 @@ async def test_slow_sparse_also_cuts_hydration_and_still_answers_in_time(gateway
     response = await search(gateway, timeout=1.0)
     assert time.monotonic() - started < 1.0
     assert degradations(response) == [(pb.STAGE_SPARSE, pb.DEGRADATION_REASON_DEADLINE, [BM25, EXACT])]
-    assert "without text" in response.degradations[0].message
-    assert names(response) == ["c0", "c1", "c2", "c3"] and not response.results[0].text
+    assert "passage text from the index" in response.degradations[0].message
+    assert response.degradations[0].fallback == pb.FALLBACK_INDEX_PAYLOAD
+    assert names(response) == ["c0", "c1", "c2", "c3"] and response.results[0].text == "payload of c0"
