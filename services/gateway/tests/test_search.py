@@ -10,6 +10,7 @@ import grpc
 import pytest
 from grpc import aio
 
+from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.planner.v1 import planner_pb2
@@ -209,3 +210,33 @@ async def test_slow_sparse_also_cuts_hydration_and_still_answers_in_time(gateway
     assert "passage text from the index" in response.degradations[0].message
     assert response.degradations[0].fallback == pb.FALLBACK_INDEX_PAYLOAD
     assert names(response) == ["c0", "c1", "c2", "c3"] and response.results[0].text == "payload of c0"
+
+
+async def test_a_metadata_filter_reaches_every_leg_and_a_bad_one_is_invalid(gateway: Gateway) -> None:
+    wanted = common_pb2.MetadataFilter(
+        clauses=[
+            common_pb2.MetadataClause(key="team", op=common_pb2.FILTER_OP_IN, values=["docs", "infra"]),
+            common_pb2.MetadataClause(key="draft", op=common_pb2.FILTER_OP_EXISTS),
+        ]
+    )
+    await search(gateway, filter=wanted)
+    for key in ("index-0", "index-1", "bm25", "exact"):
+        assert gateway.fakes.requests[key][-1].filter == wanted, key
+    calls = sum(gateway.fakes.calls.values())
+    bad = common_pb2.MetadataFilter(
+        clauses=[common_pb2.MetadataClause(key="team", op=common_pb2.FILTER_OP_EQ)]
+    )
+    with pytest.raises(aio.AioRpcError) as caught:
+        await search(gateway, filter=bad)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "filter.clauses[0]: eq takes exactly one value" in (caught.value.details() or "")
+    assert sum(gateway.fakes.calls.values()) == calls  # refused before any downstream
+
+
+async def test_ask_searches_with_its_metadata_filter(gateway: Gateway) -> None:
+    wanted = common_pb2.MetadataFilter(
+        clauses=[common_pb2.MetadataClause(key="team", op=common_pb2.FILTER_OP_NE, values=["legal"])]
+    )
+    await gateway.stub.Ask(pb.AskRequest(collection=COLLECTION, query="why?", filter=wanted), timeout=10)
+    for key in ("index-0", "bm25"):
+        assert gateway.fakes.requests[key][-1].filter == wanted, key
