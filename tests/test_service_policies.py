@@ -31,12 +31,10 @@ from meshkit.ids import MAX_DOC_ID_CHARS, MAX_ITEM_ID_CHARS
 from meshkit.settings import (
     EmbedderSettings,
     ExtractorSettings,
-    IndexSettings,
     NarratorSettings,
     PlannerSettings,
     RerankerSettings,
 )
-from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh.extractor.v1 import extractor_pb2
 from ragmesh.index.v1 import index_pb2
@@ -70,6 +68,8 @@ CALL_GRAPH: dict[str, set[str]] = {
         "planner.Hyde",
         "embedder.Embed",
         "index.Search",
+        # Passage text when the sparse service cannot give it (issue 12: answers survive it).
+        "index.GetChunks",
         "sparse.SearchBm25",
         "sparse.SearchExact",
         "sparse.GetChunks",
@@ -210,21 +210,11 @@ def largest_plan(s: PlannerSettings) -> Any:
     return planner_pb2.PlanRequest(query=text(s.planner_max_query_chars), max_variations=2**32 - 1)
 
 
-def largest_index_write(s: IndexSettings) -> Any:
-    chunk = index_pb2.Chunk(
-        chunk_id="f" * 32,
-        doc_id="d" * MAX_DOC_ID_CHARS,
-        vector=common_pb2.Vector(values=[1.5] * s.index_dimension),
-    )
-    return index_pb2.UpsertRequest(collection="c" * 63, chunks=[chunk] * s.index_max_batch_chunks)
-
-
 LIMITS: list[tuple[str, Any, Callable[[Any], int], Callable[[Any], Any]]] = [
     ("embedder", EmbedderSettings, embedder.max_request_bytes, largest_embed),
     ("reranker", RerankerSettings, reranker.max_request_bytes, largest_rerank),
     ("extractor", ExtractorSettings, extractor.max_request_bytes, largest_extract),
     ("narrator", NarratorSettings, narrator.max_request_bytes, largest_narrate),
-    ("index", IndexSettings, index.max_request_bytes, largest_index_write),
 ]
 
 

@@ -191,7 +191,11 @@ def _file_document(
         return None
     stats.files += 1
     return ingestion_pb2.Document(
-        doc_id=entry.doc_id, format=fmt, content=content, source_uri=str(entry.path.absolute())
+        # A file:// URI of the absolute path: a caller opens a citation's source with it.
+        doc_id=entry.doc_id,
+        format=fmt,
+        content=content,
+        source_uri=entry.path.absolute().as_uri(),
     )
 
 

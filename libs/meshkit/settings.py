@@ -285,6 +285,11 @@ class IndexSettings(StoreSettings):
     index_upload_snapshots: bool = Field(True, description="Also keep snapshots in the object store.")
     index_max_top_k: int = Field(1000, description="Largest top_k accepted.")
     index_max_batch_chunks: int = Field(10_000, description="Largest number of chunks in one write.")
+    index_max_chunk_chars: int = Field(
+        1_000_000,
+        description="Longest chunk payload (text + heading path) an index write may store with a vector "
+        "(the same bound as sparse_max_chunk_chars: both stores hold the same text).",
+    )
     index_log_stream: str = Field(
         "RAGMESH_LOG_INDEX",
         description="JetStream stream of the index shards' logs (subject ragmesh.log.index.<shard>).",
@@ -562,6 +567,14 @@ class GatewaySettings(MeshSettings):
     )
     gateway_finish_reserve_s: float = Field(
         0.1, ge=0, description="Deadline time kept back from the legs for fusion and hydration."
+    )
+    gateway_hydrate_sparse_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of the time left when hydration starts that the sparse service's GetChunks "
+        "may take; when it fails or is late the rest goes to the index shards' stored payload (a "
+        "degradation with fallback INDEX_PAYLOAD).",
     )
     gateway_rerank: bool = Field(
         True, description="Rerank fused candidates by default (per request: rerank)."

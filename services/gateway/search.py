@@ -1,6 +1,10 @@
 """One search: plan, fan out to every retrieval leg in parallel under the caller's deadline,
 fuse with weighted RRF, hydrate the winners.
 
+Hydration (text, title, source, metadata of the winners) asks the sparse service first; when it
+fails or is late, the index shards' stored payload stands in for it (a degradation with
+fallback ``index_payload``), so answers do not depend on one sparse process.
+
 Every downstream call goes through ``meshkit.client.Downstream`` (deadline, retries for
 idempotent calls, a breaker per downstream). A leg that fails, or is not back by the leg
 deadline, is cancelled and reported as a degradation; the answer comes from the others.
@@ -19,6 +23,7 @@ import grpc
 
 from meshkit.client import ClientPolicy, Downstream, DownstreamError
 from meshkit.errors import deadline_exceeded, not_found, unavailable
+from meshkit.ids import shard_of
 from meshkit.interceptors import deadline_var
 from meshkit.settings import GatewaySettings
 from ragmesh.common.v1 import common_pb2
@@ -35,6 +40,7 @@ from services.gateway.validation import BM25, DENSE, EXACT, LEGS, SearchParams
 log = logging.getLogger("gateway.search")
 
 PLANNER, EMBEDDER, INDEX, SPARSE, HYDE = "planner", "embedder", "index", "sparse", "hyde"
+INDEX_PAYLOAD = "index_payload"
 UNAVAILABLE, DEADLINE, BREAKER_OPEN, ERROR = "unavailable", "deadline", "breaker_open", "error"
 INVALID_OUTPUT = "invalid_output"
 # DownstreamError.reason (and the LLM stages' fallback reasons) -> degradation reason
@@ -64,6 +70,8 @@ class Degradation:
     target: str
     message: str
     legs: list[str] = field(default_factory=list)
+    # What served instead (INDEX_PAYLOAD); "" when nothing did.
+    fallback: str = ""
 
 
 @dataclass
@@ -176,6 +184,17 @@ class Degradations:
         reason = REASON_OF.get(exc.reason, ERROR)
         detail = f"{exc.target}: {exc.reason}: {exc.message}"
         self.add(stage, reason, exc.target, f"{what}: {detail}" if what else detail, legs)
+
+    def note_fallback(self, stage: str, target: str, fallback: str, message: str) -> None:
+        """``fallback`` served in place of ``stage`` (whose failure is already recorded, or is
+        recorded now with ``message``)."""
+        item = self.items.get((stage, target))
+        if item is None:
+            self.add(stage, ERROR, target, message)
+            item = self.items[(stage, target)]
+        elif message not in item.message:
+            item.message = f"{item.message}; {message}"
+        item.fallback = fallback
 
     def as_list(self) -> list[Degradation]:
         return list(self.items.values())
@@ -321,7 +340,11 @@ class Fanout:
             shard.call(
                 shard.stub.Search,
                 index_pb2.SearchRequest(
-                    collection=params.collection, vector=vector, top_k=self.pool, doc_ids=params.doc_ids
+                    collection=params.collection,
+                    vector=vector,
+                    top_k=self.pool,
+                    doc_ids=params.doc_ids,
+                    filter=params.filter_pb(),
                 ),
                 timeout=self._left(),
                 idempotent=True,
@@ -338,7 +361,11 @@ class Fanout:
     async def _bm25(self) -> list[Hit]:
         sparse, params = self.backends.sparse, self.params
         request = sparse_pb2.SearchBm25Request(
-            collection=params.collection, query=params.query, top_k=self.pool, doc_ids=params.doc_ids
+            collection=params.collection,
+            query=params.query,
+            top_k=self.pool,
+            doc_ids=params.doc_ids,
+            filter=params.filter_pb(),
         )
         reply = await sparse.call(sparse.stub.SearchBm25, request, timeout=self._left(), idempotent=True)
         return _hits(reply.hits)
@@ -350,6 +377,7 @@ class Fanout:
             keywords=list(self.plan.hard_keywords),
             top_k=self.pool,
             doc_ids=params.doc_ids,
+            filter=params.filter_pb(),
         )
         reply = await sparse.call(sparse.stub.SearchExact, request, timeout=self._left(), idempotent=True)
         return _hits(reply.hits)
@@ -609,19 +637,66 @@ class Searcher:
     async def _hydrate(
         self, params: SearchParams, top: list[Fused], degradations: Degradations
     ) -> tuple[list[Fused], dict[str, sparse_pb2.ChunkText]]:
-        """Text, title and location of the results, one GetChunks call. Without it the results
-        go out bare; chunks deleted since the legs saw them are dropped."""
+        """Text, title, location, source and metadata of the results: one GetChunks call to
+        sparse, or, when it fails or is late, one per index shard from their stored payload.
+        Without either the results go out bare; chunks deleted since the legs saw them (or
+        without a stored payload) are dropped."""
         if not top:
             return top, {}
         sparse = self.backends.sparse
         ids = [f.chunk_id for f in top]
         request = sparse_pb2.GetChunksRequest(collection=params.collection, chunk_ids=ids)
-        inbound = deadline_var.get()
-        timeout = None if inbound is None else inbound - time.monotonic() - REPLY_MARGIN_S
+        end = self._reply_deadline()
+        timeout = self.settings.gateway_hydrate_sparse_share * (end - time.monotonic())
         try:
             reply = await sparse.call(sparse.stub.GetChunks, request, timeout=timeout, idempotent=True)
         except DownstreamError as exc:
-            degradations.add_error(SPARSE, exc, what="results without text")
-            return top, {}
-        chunks = {c.chunk_id: c for c in reply.chunks}
+            degradations.add_error(SPARSE, exc, what="passage text")
+            chunks = await self._index_payloads(params.collection, ids, end, degradations)
+            if chunks is None:
+                return top, {}
+            degradations.note_fallback(SPARSE, sparse.target, INDEX_PAYLOAD, "passage text from the index")
+        else:
+            chunks = {c.chunk_id: c for c in reply.chunks}
         return [f for f in top if f.chunk_id in chunks], chunks
+
+    async def _index_payloads(
+        self, collection: str, ids: list[str], end: float, degradations: Degradations
+    ) -> dict[str, sparse_pb2.ChunkText] | None:
+        """The chunks' stored payloads from the shards that own them (meshkit.ids.shard_of, as
+        the writers place them); None when a shard holding some of them did not answer."""
+        shards = self.backends.shards
+        owned: dict[int, list[str]] = {}
+        for chunk_id in ids:
+            owned.setdefault(shard_of(chunk_id, len(shards)), []).append(chunk_id)
+
+        async def fetch(number: int, chunk_ids: list[str]) -> index_pb2.GetChunksResponse:
+            shard = shards[number]
+            request = index_pb2.GetChunksRequest(collection=collection, chunk_ids=chunk_ids)
+            timeout = end - time.monotonic()
+            return await shard.call(shard.stub.GetChunks, request, timeout=timeout, idempotent=True)
+
+        replies = await asyncio.gather(*(fetch(n, c) for n, c in owned.items()), return_exceptions=True)
+        chunks: dict[str, sparse_pb2.ChunkText] = {}
+        for reply in replies:
+            if isinstance(reply, DownstreamError):
+                degradations.add_error(INDEX, reply, what="passage text")
+                return None
+            if isinstance(reply, BaseException):
+                raise reply
+            # Chunks written before payloads existed have no text: nothing to show for them.
+            chunks.update((c.chunk_id, _chunk_text(c)) for c in reply.chunks if c.text)
+        return chunks
+
+
+def _chunk_text(stored: index_pb2.StoredChunk) -> sparse_pb2.ChunkText:
+    """An index payload in the form sparse gives it (what ranking and answering read)."""
+    return sparse_pb2.ChunkText(
+        chunk_id=stored.chunk_id,
+        doc_id=stored.doc_id,
+        title=stored.source.title,
+        text=stored.text,
+        location=stored.location,
+        source_uri=stored.source.source_uri,
+        metadata=dict(stored.source.metadata),
+    )

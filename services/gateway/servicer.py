@@ -35,6 +35,7 @@ from services.gateway.search import (
     ERROR,
     HYDE,
     INDEX,
+    INDEX_PAYLOAD,
     INVALID_OUTPUT,
     PLANNER,
     SPARSE,
@@ -64,6 +65,7 @@ REASON_PB = {
     ERROR: gateway_pb2.DEGRADATION_REASON_ERROR,
     INVALID_OUTPUT: gateway_pb2.DEGRADATION_REASON_INVALID_OUTPUT,
 }
+FALLBACK_PB = {INDEX_PAYLOAD: gateway_pb2.FALLBACK_INDEX_PAYLOAD}
 # Legs in the order responses list them.
 LEG_ORDER = (DENSE, BM25, EXACT)
 # What an API key needs for each method (meshkit.auth): every call reads one collection.
@@ -175,6 +177,8 @@ def to_ask_response(outcome: AskOutcome, params: AskParams) -> gateway_pb2.AskRe
                 title=chunk.title,
                 snippet=citation.snippet,
                 location=chunk.location,
+                source_uri=chunk.source_uri,
+                metadata=chunk.metadata,
             )
         )
     for number, item in enumerate(evidence, 1):
@@ -206,6 +210,8 @@ def _result_pb(item: Fused, outcome: SearchOutcome) -> gateway_pb2.SearchResult:
         result.title = chunk.title
         result.text = chunk.text
         result.location.CopyFrom(chunk.location)
+        result.source_uri = chunk.source_uri
+        result.metadata.update(chunk.metadata)
     for rank in sorted(item.ranks, key=lambda r: LEG_ORDER.index(r.leg)):
         result.leg_ranks.append(gateway_pb2.LegRank(leg=LEG_PB[rank.leg], rank=rank.rank, score=rank.score))
     return result
@@ -217,6 +223,7 @@ def _degradation_pb(item: Degradation) -> gateway_pb2.Degradation:
         reason=REASON_PB[item.reason],
         message=item.message,
         legs=[LEG_PB[leg] for leg in item.legs],
+        fallback=FALLBACK_PB.get(item.fallback, gateway_pb2.FALLBACK_UNSPECIFIED),
     )
 
 

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from meshkit.errors import invalid_argument, resource_exhausted
 from meshkit.ids import doc_id_problem, validate_collection
+from meshkit.metadata import Clause, InvalidFilter, clauses_from_pb, clauses_to_pb
 from meshkit.settings import GatewaySettings
+from ragmesh.common.v1 import common_pb2
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
@@ -39,9 +41,15 @@ class SearchParams:
     rerank_candidates: int = 0
     # Unspecified: the planner's default.
     hyde_mode: planner_pb2.HydeMode = planner_pb2.HYDE_MODE_UNSPECIFIED
+    # Metadata filter clauses (all must hold); empty: none.
+    metadata_filter: tuple[Clause, ...] = ()
 
     def enabled(self, leg: str) -> bool:
         return self.weights[leg] > 0
+
+    def filter_pb(self) -> common_pb2.MetadataFilter:
+        """The filter as every leg receives it."""
+        return clauses_to_pb(self.metadata_filter)
 
 
 def _bounded(value: int, limit: int, what: str) -> int:
@@ -77,6 +85,13 @@ def _doc_ids(raw: list[str], settings: GatewaySettings) -> list[str]:
     return list(dict.fromkeys(raw))
 
 
+def _metadata_filter(filter_pb: common_pb2.MetadataFilter) -> tuple[Clause, ...]:
+    try:
+        return clauses_from_pb(filter_pb)
+    except InvalidFilter as exc:
+        raise invalid_argument(str(exc)) from exc
+
+
 def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySettings) -> SearchParams:
     collection = validate_collection(request.collection)
     if not request.query.strip():
@@ -110,6 +125,7 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
         rerank=request.rerank if request.HasField("rerank") else settings.gateway_rerank,
         rerank_candidates=rerank_candidates,
         hyde_mode=request.hyde_mode,
+        metadata_filter=_metadata_filter(request.filter),
     )
 
 
@@ -131,6 +147,7 @@ def validate_ask(request: gateway_pb2.AskRequest, settings: GatewaySettings) -> 
         doc_ids=request.doc_ids,
         strategy=request.strategy,
         hyde_mode=request.hyde_mode,
+        filter=request.filter,
     )
     if request.HasField("rerank"):
         search.rerank = request.rerank

@@ -11,20 +11,22 @@ from grpc import aio
 from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
 from meshkit.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
 from meshkit.ids import (
-    MAX_DOC_ID_CHARS,
     doc_id_problem,
     document_page,
     shard_of,
     validate_chunk_id,
     validate_collection,
 )
+from meshkit.metadata import Clause, InvalidFilter, clauses_from_pb, source_problem
 from meshkit.replog import write_timeout
-from meshkit.server import REQUEST_SLACK_BYTES, ServiceSpec
+from meshkit.server import ServiceSpec
 from meshkit.settings import IndexSettings
+from ragmesh.common.v1 import common_pb2
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from services.index import mutations as mut
 from services.index.remote import SnapshotRemote
 from services.index.shard import IndexShard
+from services.index.store import StoredChunk
 
 SERVICE_NAME = index_pb2.DESCRIPTOR.services_by_name["IndexService"].full_name
 
@@ -89,7 +91,36 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             else:
                 doc_ids.append(self._doc_id(chunk.doc_id, f"{at}.doc_id"))
             vectors[i] = self._vector(chunk.vector.values, f"{at}.vector")
-        return mut.ChunkBatch(chunk_ids, doc_ids, vectors)
+        found = [self._payload(chunk, f"{where}[{i}]") for i, chunk in enumerate(chunks)]
+        # A batch sent without any payload stores none (older writers).
+        payloads = [p or mut.Payload() for p in found] if any(found) else []
+        return mut.ChunkBatch(chunk_ids, doc_ids, vectors, payloads)
+
+    def _payload(self, chunk: index_pb2.Chunk, where: str) -> mut.Payload | None:
+        if not chunk.text and not chunk.HasField("location"):
+            return None
+        size = len(chunk.text) + sum(len(h) for h in chunk.location.heading_path)
+        if size > self.settings.index_max_chunk_chars:
+            limit = self.settings.index_max_chunk_chars
+            raise invalid_argument(f"{where}: text and headings are {size} chars, the limit is {limit}")
+        location = chunk.location
+        return mut.Payload(
+            chunk.text,
+            tuple(location.heading_path),
+            location.ordinal,
+            location.char_start,
+            location.char_end,
+        )
+
+    @staticmethod
+    def _source(doc: index_pb2.DocumentReplacement, where: str) -> mut.Source | None:
+        if not doc.HasField("source"):
+            return None
+        problem = source_problem(doc.source)
+        if problem:
+            raise invalid_argument(f"{where}.source: {problem}")
+        source = doc.source
+        return mut.Source(source.title, source.source_uri, tuple(sorted(source.metadata.items())))
 
     @staticmethod
     def _unique(ids: Iterable[str], what: str) -> None:
@@ -123,6 +154,8 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
         if not request.documents:
             raise invalid_argument("documents is empty")
         self._limit(sum(len(d.upserts) + len(d.keep_chunk_ids) for d in request.documents), "chunks")
+        # The payloads a chunk may carry put no useful bound on a request's bytes: the
+        # mesh-wide message limit is its bound (as for the sparse service).
         documents = []
         for i, doc in enumerate(request.documents):
             where = f"documents[{i}]"
@@ -131,7 +164,8 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             keep = [
                 self._chunk_id(c, f"{where}.keep_chunk_ids[{j}]") for j, c in enumerate(doc.keep_chunk_ids)
             ]
-            documents.append(mut.Replacement(doc_id, upserts, keep, doc.fence))
+            source = self._source(doc, where)
+            documents.append(mut.Replacement(doc_id, upserts, keep, doc.fence, source))
         self._unique((d.doc_id for d in documents), "doc_id")
         self._unique((c for d in documents for c in [*d.upserts.chunk_ids, *d.keep_chunk_ids]), "chunk_id")
         result = await self.shard.replace_documents(collection, documents, self._timeout(context))
@@ -164,11 +198,27 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
         query = self._vector(request.vector.values, "vector")
         self._limit(len(request.doc_ids), "doc_ids")
         doc_ids = [self._doc_id(d, f"doc_ids[{i}]") for i, d in enumerate(request.doc_ids)]
-        hits = await self.shard.search(collection, query, request.top_k, doc_ids)
+        clauses = _clauses(request.filter)
+        hits = await self.shard.search(collection, query, request.top_k, doc_ids, clauses)
         return index_pb2.SearchResponse(
             hits=[index_pb2.SearchHit(chunk_id=h.chunk_id, doc_id=h.doc_id, score=h.score) for h in hits],
             shard=self.shard.shard,
         )
+
+    async def GetChunks(
+        self, request: index_pb2.GetChunksRequest, context: aio.ServicerContext
+    ) -> index_pb2.GetChunksResponse:
+        collection = validate_collection(request.collection)
+        self._limit(len(request.chunk_ids), "chunk_ids")
+        ids = []
+        for i, chunk_id in enumerate(request.chunk_ids):
+            try:
+                validate_chunk_id(chunk_id)
+            except Exception as exc:
+                raise invalid_argument(f"chunk_ids[{i}]: {exc}") from exc
+            ids.append(chunk_id)
+        stored = await self.shard.get_chunks(collection, list(dict.fromkeys(ids)))
+        return index_pb2.GetChunksResponse(chunks=[_stored_pb(c) for c in stored])
 
     async def GetStats(
         self, request: index_pb2.GetStatsRequest, context: aio.ServicerContext
@@ -209,12 +259,38 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
         return index_pb2.SnapshotResponse(sequence=sequence, uploaded=uploaded)
 
 
+def _clauses(filter_pb: common_pb2.MetadataFilter) -> tuple[Clause, ...]:
+    try:
+        return clauses_from_pb(filter_pb)
+    except InvalidFilter as exc:
+        raise invalid_argument(str(exc)) from exc
+
+
+def _stored_pb(chunk: StoredChunk) -> index_pb2.StoredChunk:
+    payload, source = chunk.payload, chunk.source
+    return index_pb2.StoredChunk(
+        chunk_id=chunk.chunk_id,
+        doc_id=chunk.doc_id,
+        text=payload.text,
+        location=common_pb2.ChunkLocation(
+            heading_path=list(payload.heading_path),
+            ordinal=payload.ordinal,
+            char_start=payload.char_start,
+            char_end=payload.char_end,
+        ),
+        source=common_pb2.DocumentSource(
+            title=source.title, source_uri=source.source_uri, metadata=dict(source.metadata)
+        ),
+    )
+
+
 # Who may call an index shard (RAGMESH_SERVICE_AUTH=mtls): the gateway reads, the workers write,
 # operators also snapshot and list.
 _READERS = allow(GATEWAY, OPS)
 _WRITERS = allow(INGESTION_WORKER, OPS)
 CALLERS: Callers = {
     "Search": _READERS,
+    "GetChunks": _READERS,
     "GetStats": _READERS,
     "Upsert": _WRITERS,
     "ReplaceDocuments": _WRITERS,
@@ -222,13 +298,6 @@ CALLERS: Callers = {
     "Snapshot": allow(OPS),
     "ListDocuments": allow(OPS),
 }
-
-
-def max_request_bytes(settings: IndexSettings) -> int:
-    """The largest legal write: index_max_batch_chunks chunks, each a float32 vector, a chunk id
-    and a doc id with their framing (a Search's filter of doc ids is smaller)."""
-    per_chunk = 4 * settings.index_dimension + MAX_DOC_ID_CHARS + 128
-    return settings.index_max_batch_chunks * per_chunk + REQUEST_SLACK_BYTES
 
 
 def build_spec(settings: IndexSettings, shard: IndexShard | None = None) -> ServiceSpec:
@@ -248,6 +317,9 @@ def build_spec(settings: IndexSettings, shard: IndexShard | None = None) -> Serv
         on_start=[shard.start],
         on_stop=[shard.stop],
         callers=CALLERS,
-        max_request_bytes=max_request_bytes(settings),
+        # A write may carry index_max_batch_chunks chunks with text payloads of up to
+        # index_max_chunk_chars each, more than any message may hold: the mesh-wide message limit
+        # is its bound (as for the sparse service).
+        max_request_bytes=settings.max_message_bytes,
         max_concurrent_rpcs=1024,
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from meshkit.metadata import Clause
 from meshkit.replog import LogTransport, transport_for
 from meshkit.replstore import Decoded, ReplicatedStore
 from meshkit.settings import IndexSettings
@@ -37,6 +38,7 @@ from services.index.store import (
     Hit,
     IndexPolicy,
     ReplaceResult,
+    StoredChunk,
 )
 
 log = logging.getLogger(__name__)
@@ -166,15 +168,23 @@ class IndexShard(ReplicatedStore[CollectionIndex]):
         return await self.submit(name, entry, timeout_s)
 
     async def upsert(self, name: str, chunks: mut.ChunkBatch, timeout_s: float) -> int:
-        per_entry = max(1, self.transport.max_message_bytes // self._chunk_bytes())
-        groups = [
-            mut.ChunkBatch(
-                chunks.chunk_ids[i : i + per_entry],
-                chunks.doc_ids[i : i + per_entry],
-                chunks.vectors[i : i + per_entry],
-            )
-            for i in range(0, len(chunks.chunk_ids), per_entry)
-        ]
+        budget = self.transport.max_message_bytes
+        groups: list[mut.ChunkBatch] = []
+        start, size = 0, 0
+        for i in range(len(chunks.chunk_ids) + 1):
+            row = self._chunk_bytes() + _payload_bytes(chunks, i, i + 1) if i < len(chunks.chunk_ids) else 0
+            if i == len(chunks.chunk_ids) or (i > start and size + row > budget):
+                groups.append(
+                    mut.ChunkBatch(
+                        chunks.chunk_ids[start:i],
+                        chunks.doc_ids[start:i],
+                        chunks.vectors[start:i],
+                        chunks.payloads[start:i],
+                    )
+                )
+                start, size = i, 0
+            size += row
+        groups = [g for g in groups if g.chunk_ids]
         results = await asyncio.gather(*(self._submit(name, mut.Upsert(g), timeout_s) for g in groups))
         return sum(int(r or 0) for r in results)
 
@@ -197,9 +207,14 @@ class IndexShard(ReplicatedStore[CollectionIndex]):
         result = await self._submit(name, mut.Delete(chunk_ids, doc_ids), timeout_s)
         return int(result or 0)
 
-    async def search(self, name: str, query: np.ndarray, top_k: int, doc_ids: list[str]) -> list[Hit]:
+    async def search(
+        self, name: str, query: np.ndarray, top_k: int, doc_ids: list[str], clauses: tuple[Clause, ...] = ()
+    ) -> list[Hit]:
         collection = self.get(name)
-        return await asyncio.to_thread(collection.search, query, top_k, doc_ids or None)
+        return await asyncio.to_thread(collection.search, query, top_k, doc_ids or None, clauses)
+
+    async def get_chunks(self, name: str, chunk_ids: list[str]) -> list[StoredChunk]:
+        return await asyncio.to_thread(self.get(name).get_chunks, chunk_ids)
 
     async def stats(self, name: str) -> CollectionStats:
         return await asyncio.to_thread(self.get(name).stats)
@@ -285,7 +300,13 @@ def _pack(documents: Sequence[mut.Replacement], budget: int, chunk_bytes: int) -
     current: list[mut.Replacement] = []
     size = 0
     for doc in documents:
-        doc_size = len(doc.upserts.chunk_ids) * chunk_bytes + len(doc.keep_chunk_ids) * _KEEP_ID_BYTES + 128
+        doc_size = (
+            len(doc.upserts.chunk_ids) * chunk_bytes
+            + _payload_bytes(doc.upserts, 0, len(doc.upserts.chunk_ids))
+            + len(doc.keep_chunk_ids) * _KEEP_ID_BYTES
+            + _source_bytes(doc.source)
+            + 128
+        )
         if current and size + doc_size > budget:
             groups.append(current)
             current, size = [], 0
@@ -294,3 +315,18 @@ def _pack(documents: Sequence[mut.Replacement], budget: int, chunk_bytes: int) -
     if current:
         groups.append(current)
     return groups
+
+
+def _payload_bytes(batch: mut.ChunkBatch, start: int, end: int) -> int:
+    """Roughly the JSON the payloads of rows [start, end) add to an entry (only packs entries:
+    the log splits an entry bigger than one message into parts)."""
+    return sum(
+        2 * (len(p.text) + sum(len(h) for h in p.heading_path)) + 64 for p in batch.payloads[start:end]
+    )
+
+
+def _source_bytes(source: mut.Source | None) -> int:
+    if source is None:
+        return 0
+    text = len(source.title) + len(source.source_uri) + sum(len(k) + len(v) for k, v in source.metadata)
+    return 2 * text + 64

@@ -3,7 +3,8 @@
 Layout of a collection directory::
 
     CURRENT                     name of the live snapshot directory (switched with os.replace)
-    snapshots/<seq>-<tag>/      index.faiss, vectors.npy, [positions.npy], meta.json (written last)
+    snapshots/<seq>-<tag>/      index.faiss, vectors.npy, [positions.npy], [payloads.json],
+                                meta.json (written last)
     wal/                        write-ahead log segments
 
 A snapshot is written into a temporary directory, fsynced, renamed into place, and only then
@@ -38,7 +39,9 @@ _META = "meta.json"
 _INDEX = "index.faiss"
 _VECTORS = "vectors.npy"
 _POSITIONS = "positions.npy"
-_PAYLOAD_FILES = {_INDEX, _VECTORS, _POSITIONS}
+# Chunk payloads and document sources (absent in snapshots written before they existed).
+_CHUNK_PAYLOADS = "payloads.json"
+_PAYLOAD_FILES = {_INDEX, _VECTORS, _POSITIONS, _CHUNK_PAYLOADS}
 _TMP_PREFIX = ".tmp-"
 
 
@@ -64,6 +67,8 @@ class SnapshotData:
     fences: dict[str, int] = field(default_factory=dict)
     log_pos: int = 0
     log_id: str = ""
+    # {"chunks": {chunk id: payload}, "sources": {doc id: source}} (mutations.Payload/Source JSON).
+    payloads: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,6 +77,7 @@ class LoadedSnapshot:
     index: faiss.Index
     vectors: np.ndarray
     positions: np.ndarray | None
+    payloads: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sequence(self) -> int:
@@ -103,6 +109,9 @@ def write_snapshot(collection_dir: Path, data: SnapshotData) -> Path:
             files[_POSITIONS] = _write_file(
                 tmp / _POSITIONS, lambda f: np.save(f, positions, allow_pickle=False)
             )
+        if data.payloads:
+            encoded = json.dumps(data.payloads, separators=(",", ":")).encode("utf-8")
+            files[_CHUNK_PAYLOADS] = _write_file(tmp / _CHUNK_PAYLOADS, lambda f: f.write(encoded))
         meta = {
             "format": FORMAT_VERSION,
             "collection": data.collection,
@@ -168,7 +177,10 @@ def read_snapshot(snapshot_dir: Path) -> LoadedSnapshot:
         meta["chunk_ids"]
     ):
         raise SnapshotError(f"{snapshot_dir}: vectors and ids do not line up")
-    return LoadedSnapshot(meta, index, vectors.astype(np.float32, copy=False), positions)
+    payloads: dict[str, Any] = {}
+    if _CHUNK_PAYLOADS in meta["files"]:
+        payloads = json.loads((snapshot_dir / _CHUNK_PAYLOADS).read_bytes())
+    return LoadedSnapshot(meta, index, vectors.astype(np.float32, copy=False), positions, payloads)
 
 
 def prune(collection_dir: Path, keep: Path | None) -> None:

@@ -7,6 +7,12 @@ does not still hold; a crash after it is repaired by replaying the WAL on top of
 snapshot. Every step depends only on the state and the mutation, so replicas applying the same
 log agree.
 
+Payloads: each chunk keeps the text and location its writer sent, each document its title,
+source URI and metadata (``Source``), so results can be shown and cited without the sparse
+service; they are logged, snapshotted and replayed with the vectors. Metadata is indexed
+(meshkit.metadata) and a search's metadata filter becomes the set of allowed documents before
+FAISS ranks anything, so ``top_k`` is honoured.
+
 Fences: each document keeps the highest fence a replacement brought it (also once its chunks
 are gone: a tombstone). A replacement with a lower fence is refused (``stale_doc_ids``) and
 changes nothing; an equal one is applied again (a writer's retry); fence 0 is unfenced (Upsert,
@@ -35,6 +41,7 @@ import numpy as np
 
 from meshkit.errors import failed_precondition
 from meshkit.fsutil import fsync_dir, write_atomic
+from meshkit.metadata import Clause, MetadataIndex
 from services.index import mutations as mut
 from services.index.backends import (
     Backend,
@@ -114,6 +121,14 @@ class Hit:
 
 
 @dataclass(frozen=True)
+class StoredChunk:
+    chunk_id: str
+    doc_id: str
+    payload: mut.Payload
+    source: mut.Source
+
+
+@dataclass(frozen=True)
 class ReplaceResult:
     upserted: int
     removed: int
@@ -169,6 +184,11 @@ class _State:
     docs: dict[str, set[int]] = field(default_factory=dict)
     # doc id -> highest fence applied (kept after the document's chunks are gone).
     fences: dict[str, int] = field(default_factory=dict)
+    # FAISS id -> the chunk's payload; doc id -> its source (documents with chunks only), and
+    # the index of their metadata.
+    payloads: dict[int, mut.Payload] = field(default_factory=dict)
+    sources: dict[str, mut.Source] = field(default_factory=dict)
+    metadata: MetadataIndex = field(default_factory=MetadataIndex)
 
 
 class CollectionIndex:
@@ -284,9 +304,21 @@ class CollectionIndex:
             backend = build_backend("flat", self.policy.backend_config(), fids, snap.vectors)
         s.backend = backend
         s.fences = {str(d): int(f) for d, f in meta.get("fences", {}).items()}
+        self._install_payloads(snap)
         self._applied_seq = self._snapshot_seq = snap.sequence
         self._log_pos = self._snapshot_log_pos = int(meta.get("log_pos", 0))
         self.snapshot_log_id = str(meta.get("log", ""))
+
+    def _install_payloads(self, snap: LoadedSnapshot) -> None:
+        """Payloads and sources of the snapshot; snapshots written before them have none."""
+        s = self._s
+        for chunk_id, raw in snap.payloads.get("chunks", {}).items():
+            fid = faiss_id(chunk_id)
+            if s.meta.get(fid, ("",))[0] == chunk_id:
+                s.payloads[fid] = mut.Payload.from_json(raw)
+        for doc_id, raw in snap.payloads.get("sources", {}).items():
+            if doc_id in s.docs:
+                self._set_source(doc_id, mut.Source.from_json(raw))
 
     def _replay(self, seq: int, payload: bytes) -> None:
         record = mut.decode_record(payload, self.policy.dimension)
@@ -295,8 +327,10 @@ class CollectionIndex:
             if isinstance(mutation, mut.Upsert):
                 self._add(mutation.chunks)
             elif isinstance(mutation, mut.Replace):
+                prior = self._prior_sources(mutation.documents)
                 self._apply_plan(self._plan_replace(mutation.documents))
                 self._s.fences.update(self._fence_changes(mutation.documents))
+                self._apply_sources(mutation.documents, prior)
             else:
                 self._remove(self._delete_targets(mutation.chunk_ids, mutation.doc_ids))
             self._applied_seq = seq
@@ -332,12 +366,15 @@ class CollectionIndex:
             with self._state.read():
                 plan = self._plan_replace(accepted)
                 fences = self._fence_changes(accepted)
+                prior = self._prior_sources(accepted)
+                sources_changed = any(d.source not in (None, prior.get(d.doc_id)) for d in accepted)
             upserted = sum(len(b.chunk_ids) for b in plan.upserts)
-            if plan.remove or upserted or fences:
+            if plan.remove or upserted or fences or sources_changed:
                 seq = self._log(mut.Replace(accepted), pos)
                 with self._state.write():
                     self._apply_plan(plan)
                     self._s.fences.update(fences)
+                    self._apply_sources(accepted, prior)
                     self._applied(seq, pos)
         self._publish_gauges()
         return ReplaceResult(upserted, plan.removed, plan.missing, stale)
@@ -358,6 +395,21 @@ class CollectionIndex:
     def _applied(self, seq: int, pos: int) -> None:
         self._applied_seq = seq
         self._log_pos = max(self._log_pos, pos)
+
+    def _prior_sources(self, documents: list[mut.Replacement]) -> dict[str, mut.Source]:
+        return {d.doc_id: self._s.sources[d.doc_id] for d in documents if d.doc_id in self._s.sources}
+
+    def _apply_sources(self, documents: list[mut.Replacement], prior: dict[str, mut.Source]) -> None:
+        """After a replacement's chunks are in place: each document that has chunks gets the
+        source it brought, or keeps the one it had (a writer that sent none)."""
+        for doc in documents:
+            source = doc.source if doc.source is not None else prior.get(doc.doc_id)
+            if source is not None and doc.doc_id in self._s.docs:
+                self._set_source(doc.doc_id, source)
+
+    def _set_source(self, doc_id: str, source: mut.Source) -> None:
+        self._s.sources[doc_id] = source
+        self._s.metadata.put(doc_id, dict(source.metadata))
 
     def _fence_changes(self, documents: list[mut.Replacement]) -> dict[str, int]:
         stored = self._s.fences
@@ -429,10 +481,15 @@ class CollectionIndex:
         s.table.remove(ids)
         for fid in ids.tolist():
             _chunk_id, doc_id = s.meta.pop(fid)
+            s.payloads.pop(fid, None)
             members = s.docs[doc_id]
             members.discard(fid)
             if not members:
+                # A document without chunks has no source either (a replacement that refills
+                # it sets the source again).
                 del s.docs[doc_id]
+                s.sources.pop(doc_id, None)
+                s.metadata.remove(doc_id)
         if self._touched is not None:
             self._touched.update(ids.tolist())
 
@@ -445,17 +502,29 @@ class CollectionIndex:
         for fid, chunk_id, doc_id in zip(ids.tolist(), batch.chunk_ids, batch.doc_ids, strict=True):
             s.meta[fid] = (chunk_id, doc_id)
             s.docs.setdefault(doc_id, set()).add(fid)
+        for fid, payload in zip(ids.tolist(), batch.payloads, strict=False):
+            s.payloads[fid] = payload
         if self._touched is not None:
             self._touched.update(ids.tolist())
 
     # ----- reads -----
 
-    def search(self, query: np.ndarray, top_k: int, doc_ids: list[str] | None = None) -> list[Hit]:
+    def search(
+        self,
+        query: np.ndarray,
+        top_k: int,
+        doc_ids: list[str] | None = None,
+        clauses: tuple[Clause, ...] = (),
+    ) -> list[Hit]:
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
         started = time.perf_counter()
         with self._state.read():
             s = self._s
-            if doc_ids:
+            if clauses:
+                universe = set(doc_ids) if doc_ids else s.docs.keys()
+                doc_ids = sorted(s.metadata.matching(clauses, universe))
+                scores, ids = self._filtered_search(q, top_k, doc_ids)
+            elif doc_ids:
                 scores, ids = self._filtered_search(q, top_k, doc_ids)
             else:
                 k = min(top_k, len(s.table))
@@ -466,7 +535,8 @@ class CollectionIndex:
                 if fid >= 0
             ]
             kind = s.backend.kind
-        SEARCH_LATENCY.labels(kind, str(bool(doc_ids)).lower()).observe(time.perf_counter() - started)
+        filtered = str(bool(doc_ids) or bool(clauses)).lower()
+        SEARCH_LATENCY.labels(kind, filtered).observe(time.perf_counter() - started)
         return hits
 
     def _filtered_search(
@@ -495,6 +565,21 @@ class CollectionIndex:
         top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
         order = top[np.argsort(-scores[top], kind="stable")]
         return scores[order], allowed[order]
+
+    def get_chunks(self, chunk_ids: list[str]) -> list[StoredChunk]:
+        """The stored payload and document source of each chunk held here, in request order
+        (chunks written without a payload come back with an empty one)."""
+        with self._state.read():
+            s = self._s
+            found = []
+            for chunk_id in chunk_ids:
+                fid = faiss_id(chunk_id)
+                entry = s.meta.get(fid)
+                if entry is None or entry[0] != chunk_id:
+                    continue
+                payload = s.payloads.get(fid, mut.Payload())
+                found.append(StoredChunk(chunk_id, entry[1], payload, s.sources.get(entry[1], mut.Source())))
+            return found
 
     def stats(self) -> CollectionStats:
         with self._state.read():
@@ -630,6 +715,10 @@ class CollectionIndex:
             vectors=vectors,
             fences=dict(s.fences),
             log_pos=self._log_pos,
+            payloads={
+                "chunks": {s.meta[fid][0]: p.to_json() for fid, p in s.payloads.items()},
+                "sources": {doc_id: src.to_json() for doc_id, src in s.sources.items()},
+            },
         )
 
     # ----- rebuilds -----

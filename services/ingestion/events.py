@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from meshkit.ids import doc_id_problem, doc_key, validate_collection
@@ -36,6 +36,8 @@ class IngestEvent:
     format: int = 0
     title: str = ""
     source_uri: str = ""
+    # The caller's metadata, stored with every chunk in both stores (filterable).
+    metadata: dict[str, str] = field(default_factory=dict)
     submitted_at: float = 0.0
     # Identifies this request (a submission, a delete, a replay of a dead letter). The status
     # records the current request: an event whose request is not the current one is superseded.
@@ -79,6 +81,10 @@ class IngestEvent:
             validate_collection(event.collection)
         except Exception as exc:
             raise MalformedEvent(str(exc)) from exc
+        if not isinstance(event.metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in event.metadata.items()
+        ):
+            raise MalformedEvent("metadata is not an object of strings")
         if event.op == "upsert" and not (event.content_sha256 and event.object_key):
             raise MalformedEvent("upsert event without content hash or object key")
         return event

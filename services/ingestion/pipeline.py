@@ -137,6 +137,12 @@ class Job:
     def key(self) -> str:
         return self.event.key
 
+    def source(self) -> common_pb2.DocumentSource:
+        """Title, source URI and metadata, stored with the document in both stores."""
+        return common_pb2.DocumentSource(
+            title=self.title, source_uri=self.event.source_uri, metadata=self.event.metadata
+        )
+
     @property
     def fence(self) -> int:
         return self.claim.fence
@@ -164,6 +170,15 @@ class Job:
 
 
 Settle = Callable[[Job], Awaitable[None]]
+
+
+def _location(draft: ChunkDraft) -> common_pb2.ChunkLocation:
+    return common_pb2.ChunkLocation(
+        heading_path=draft.heading_path,
+        ordinal=draft.ordinal,
+        char_start=draft.char_start,
+        char_end=draft.char_end,
+    )
 
 
 class Stores:
@@ -430,10 +445,17 @@ class IngestPipeline:
                         chunk_id=chunk.chunk_id,
                         doc_id=job.event.doc_id,
                         vector=common_pb2.Vector(values=chunk.vector or []),
+                        # The payload: what the gateway shows when sparse cannot give it.
+                        text=chunk.draft.text,
+                        location=_location(chunk.draft),
                     )
                 )
         return index_pb2.DocumentReplacement(
-            doc_id=job.event.doc_id, upserts=upserts, keep_chunk_ids=keep, fence=job.fence
+            doc_id=job.event.doc_id,
+            upserts=upserts,
+            keep_chunk_ids=keep,
+            fence=job.fence,
+            source=job.source(),
         )
 
     async def _embed_missing(self, jobs: list[Job], missing: set[str]) -> None:
@@ -476,16 +498,15 @@ class IngestPipeline:
                     doc_id=job.event.doc_id,
                     title=job.title,
                     text=draft.text,
-                    location=common_pb2.ChunkLocation(
-                        heading_path=draft.heading_path,
-                        ordinal=draft.ordinal,
-                        char_start=draft.char_start,
-                        char_end=draft.char_end,
-                    ),
+                    location=_location(draft),
                 )
             )
         return sparse_pb2.DocumentReplacement(
-            doc_id=job.event.doc_id, upserts=upserts, keep_chunk_ids=keep, fence=job.fence
+            doc_id=job.event.doc_id,
+            upserts=upserts,
+            keep_chunk_ids=keep,
+            fence=job.fence,
+            source=job.source(),
         )
 
     # --- commit: the record manager learns what is now indexed ------------------------------

@@ -25,6 +25,7 @@ from meshkit.auth import READ, WRITE, Rule, readable
 from meshkit.errors import ServiceError, invalid_argument, not_found, resource_exhausted, unavailable
 from meshkit.ids import doc_id_problem, doc_key, sha256_hex, validate_collection, validate_doc_id
 from meshkit.logs import current_request_id
+from meshkit.metadata import metadata_problem
 from meshkit.natsconn import connect_options
 from meshkit.objectstore import UNAVAILABLE_ERRORS, ObjectStore
 from meshkit.settings import IngestionSettings
@@ -213,7 +214,8 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         size = sum(len(k) + len(v) for k, v in doc.metadata.items()) + len(doc.source_uri)
         if size > MAX_METADATA_CHARS:
             return f"metadata and source_uri take {size} chars, the limit is {MAX_METADATA_CHARS}"
-        return None
+        # Every key is indexed for filtering (meshkit.metadata): it must be one a filter can name.
+        return metadata_problem(doc.metadata)
 
     @staticmethod
     def _content_problem(doc: ingestion_pb2.Document, fmt: int) -> str | None:
@@ -242,6 +244,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
             format=submission.fmt,
             title=doc.title,
             source_uri=doc.source_uri,
+            metadata=dict(doc.metadata),
             submitted_at=time.time(),
             request_id=request_id,
         )

@@ -1,6 +1,7 @@
 """One collection of the sparse service: a tantivy index (BM25 over title and body, plus a
 lower-cased unstemmed copy for exact phrases), the chunk text files that ripgrep scans, and the
-replication state (fences, log position) in SQLite.
+replication state (fences, log position) and each document's source URI and metadata (indexed for
+metadata filters, meshkit.metadata) in SQLite.
 
 Layout under ``<data_dir>/<collection>/``: ``index/`` holds tantivy's files, ``chunks/<2 hex>/
 <chunk_id>.txt`` the text, ``state.sqlite`` the fences and log position. tantivy's commit is the
@@ -19,19 +20,22 @@ Everything here is blocking; the servicer calls it from threads.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tantivy
 from tantivy import Occur, Query
+
+from meshkit.metadata import Clause, MetadataIndex
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +114,20 @@ class ChunkRecord:
 
 
 @dataclass(frozen=True)
+class DocumentSourceInfo:
+    source_uri: str = ""
+    metadata: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class DocumentUpdate:
     doc_id: str
     upserts: Sequence[ChunkRecord]
     keep_chunk_ids: Sequence[str]
     # The writer's fencing token (0: unfenced).
     fence: int = 0
+    # The document's source URI and metadata (None: keep what is stored).
+    source: DocumentSourceInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -145,15 +157,39 @@ class CollectionState:
             "CREATE TABLE IF NOT EXISTS fences (doc_id TEXT PRIMARY KEY, fence INTEGER NOT NULL)"
         )
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        # Absent in state written before sources existed: created empty.
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS sources "
+            "(doc_id TEXT PRIMARY KEY, uri TEXT NOT NULL, metadata TEXT NOT NULL)"
+        )
         self.fences: dict[str, int] = dict(self._db.execute("SELECT doc_id, fence FROM fences").fetchall())
+        # Searches read the sources from other threads while a write changes them.
+        self._sources_lock = threading.Lock()
+        self.sources: dict[str, DocumentSourceInfo] = {}
+        self.metadata = MetadataIndex()
+        for doc_id, uri, raw in self._db.execute("SELECT doc_id, uri, metadata FROM sources").fetchall():
+            self._put_source(doc_id, DocumentSourceInfo(uri, tuple(sorted(json.loads(raw).items()))))
         meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
         self.log_pos = int(meta.get("log_pos", "0"))
         self.log_id = str(meta.get("log", ""))
 
-    def record(self, fences: dict[str, int], log_pos: int) -> None:
-        if not fences and log_pos <= self.log_pos:
+    def record(
+        self,
+        fences: dict[str, int],
+        log_pos: int,
+        sources: Mapping[str, DocumentSourceInfo] | None = None,
+        dropped: Iterable[str] = (),
+    ) -> None:
+        sources = sources or {}
+        dropped = [d for d in dropped if d in self.sources]
+        if not fences and log_pos <= self.log_pos and not sources and not dropped:
             return
         with self._transaction():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO sources (doc_id, uri, metadata) VALUES (?, ?, ?)",
+                [(d, s.source_uri, json.dumps(dict(s.metadata))) for d, s in sources.items()],
+            )
+            self._db.executemany("DELETE FROM sources WHERE doc_id = ?", [(d,) for d in dropped])
             self._db.executemany(
                 "INSERT INTO fences (doc_id, fence) VALUES (?, ?) "
                 "ON CONFLICT(doc_id) DO UPDATE SET fence = excluded.fence",
@@ -165,6 +201,26 @@ class CollectionState:
                 )
         self.fences.update(fences)
         self.log_pos = max(self.log_pos, log_pos)
+        with self._sources_lock:
+            for doc_id in dropped:
+                self.sources.pop(doc_id, None)
+                self.metadata.remove(doc_id)
+            for doc_id, source in sources.items():
+                self._put_source(doc_id, source)
+
+    def _put_source(self, doc_id: str, source: DocumentSourceInfo) -> None:
+        self.sources[doc_id] = source
+        self.metadata.put(doc_id, dict(source.metadata))
+
+    def source(self, doc_id: str) -> DocumentSourceInfo:
+        with self._sources_lock:
+            return self.sources.get(doc_id, DocumentSourceInfo())
+
+    def matching(self, clauses: Sequence[Clause], doc_ids: Sequence[str]) -> list[str]:
+        """The documents (of ``doc_ids`` when given) whose metadata satisfies every clause."""
+        with self._sources_lock:
+            universe = set(doc_ids) if doc_ids else self.sources.keys()
+            return sorted(self.metadata.matching(clauses, universe))
 
     def set_log(self, log_id: str, log_pos: int) -> None:
         with self._transaction():
@@ -366,6 +422,7 @@ class Collection:
                 if existing.get(cid) != d.doc_id and cid not in upsert_ids
             ]
             removed = [cid for cid in existing if cid not in kept and cid not in upsert_ids]
+            sources, emptied = self._source_changes(documents, existing, missing)
             already_live = set(self._live(searcher, upsert_ids))
             self.files.write(upserts)
             try:
@@ -374,8 +431,25 @@ class Collection:
                 self.files.remove(upsert_ids - already_live)
                 raise
             self.files.remove(removed)
-            self.state.record(fences, pos)
+            self.state.record(fences, pos, sources, emptied)
             return ReplaceResult(len(upserts), len(removed), list(dict.fromkeys(missing)), stale)
+
+    @staticmethod
+    def _source_changes(
+        documents: Sequence[DocumentUpdate], existing: dict[str, str], missing: list[str]
+    ) -> tuple[dict[str, DocumentSourceInfo], list[str]]:
+        """The sources the replacement sets, and the documents it leaves without chunks (whose
+        sources go with them)."""
+        absent = set(missing)
+        sources: dict[str, DocumentSourceInfo] = {}
+        emptied: list[str] = []
+        for doc in documents:
+            kept = [c for c in doc.keep_chunk_ids if existing.get(c) == doc.doc_id and c not in absent]
+            if not doc.upserts and not kept:
+                emptied.append(doc.doc_id)
+            elif doc.source is not None:
+                sources[doc.doc_id] = doc.source
+        return sources, emptied
 
     def delete(self, chunk_ids: Sequence[str], doc_ids: Sequence[str], pos: int = 0) -> int:
         """Remove chunks by id and whole documents (their fences stay: tombstones)."""
@@ -387,7 +461,7 @@ class Collection:
                 return 0
             self._commit(deletes=sorted(doomed), adds=[])
             self.files.remove(doomed)
-            self.state.record({}, pos)
+            self.state.record({}, pos, dropped=doc_ids)
             return len(doomed)
 
     def _commit(self, deletes: Iterable[str], adds: Sequence[ChunkRecord]) -> None:

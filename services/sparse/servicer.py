@@ -13,13 +13,21 @@ from meshkit.errors import deadline_exceeded, invalid_argument, resource_exhaust
 from meshkit.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
 from meshkit.ids import document_page, validate_chunk_id, validate_collection, validate_doc_id
 from meshkit.interceptors import deadline_var
+from meshkit.metadata import InvalidFilter, clauses_from_pb, source_problem
 from meshkit.replog import write_timeout
 from meshkit.server import ServiceSpec
 from meshkit.settings import SparseSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.sparse import metrics
-from services.sparse.collection import ChunkRecord, Collection, DeadlinePassed, DocumentUpdate, Hit
+from services.sparse.collection import (
+    ChunkRecord,
+    Collection,
+    DeadlinePassed,
+    DocumentSourceInfo,
+    DocumentUpdate,
+    Hit,
+)
 from services.sparse.exact import (
     Keyword,
     RipgrepTimeout,
@@ -29,7 +37,7 @@ from services.sparse.exact import (
     rank,
     ripgrep_counts,
 )
-from services.sparse.store import SparseRemote, SparseStore
+from services.sparse.store import SparseRemote, SparseStore, source_info
 
 MAX_KEYWORD_CHARS = 200
 DEFAULT_EXACT_MAX_CANDIDATES = SparseSettings.model_fields["sparse_exact_max_candidates"].default
@@ -91,7 +99,10 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         doc_ids = self._doc_filter(request.doc_ids)
         collection = await self._existing(name)
         started = time.perf_counter()
-        hits = await asyncio.to_thread(collection.search_bm25, query, top_k, doc_ids)
+        allowed = await self._filtered(collection, request.filter, doc_ids)
+        if allowed is None:
+            return sparse_pb2.SearchBm25Response()
+        hits = await asyncio.to_thread(collection.search_bm25, query, top_k, allowed)
         self._observe("bm25", started, hits)
         return sparse_pb2.SearchBm25Response(hits=[_hit_pb(h) for h in hits])
 
@@ -104,6 +115,10 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         doc_ids = self._doc_filter(request.doc_ids)
         collection = await self._existing(name)
         started = time.perf_counter()
+        allowed = await self._filtered(collection, request.filter, doc_ids)
+        if allowed is None:
+            return sparse_pb2.SearchExactResponse()
+        doc_ids = allowed
         # The work is bounded (sparse_exact_max_candidates) and stops at the caller's deadline:
         # a thread cannot be cancelled, so it checks the deadline as it goes.
         deadline = deadline_var.get()
@@ -138,7 +153,24 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         collection = await self._existing(name)
         # Ids that are gone (deleted since a search returned them) are left out, not an error.
         records = await asyncio.to_thread(collection.get_chunks, chunk_ids)
-        return sparse_pb2.GetChunksResponse(chunks=[_chunk_pb(r) for r in records])
+        return sparse_pb2.GetChunksResponse(
+            chunks=[_chunk_pb(r, collection.state.source(r.doc_id)) for r in records]
+        )
+
+    @staticmethod
+    async def _filtered(
+        collection: Collection, filter_pb: common_pb2.MetadataFilter, doc_ids: list[str]
+    ) -> list[str] | None:
+        """The doc_ids a search may return: ``doc_ids`` (empty: all) without a metadata filter,
+        else the documents that match it; None when nothing can match."""
+        try:
+            clauses = clauses_from_pb(filter_pb)
+        except InvalidFilter as exc:
+            raise invalid_argument(str(exc)) from exc
+        if not clauses:
+            return doc_ids
+        allowed = await asyncio.to_thread(collection.state.matching, clauses, doc_ids)
+        return allowed or None
 
     async def GetStats(
         self, request: sparse_pb2.GetStatsRequest, context: aio.ServicerContext
@@ -254,7 +286,7 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
                 if chunk_id in seen_chunks:
                     raise invalid_argument(f"chunk_id {chunk_id} is upserted twice")
                 seen_chunks.add(chunk_id)
-            updates.append(DocumentUpdate(doc_id, upserts, keeps, document.fence))
+            updates.append(DocumentUpdate(doc_id, upserts, keeps, document.fence, _source(document)))
         return updates
 
     def _chunk_record(self, doc_id: str, chunk: sparse_pb2.ChunkText) -> ChunkRecord:
@@ -301,9 +333,23 @@ def _hit_pb(hit: Hit) -> sparse_pb2.SearchHit:
     )
 
 
-def _chunk_pb(record: ChunkRecord) -> sparse_pb2.ChunkText:
+def _source(document: sparse_pb2.DocumentReplacement) -> DocumentSourceInfo | None:
+    if not document.HasField("source"):
+        return None
+    problem = source_problem(document.source)
+    if problem:
+        raise invalid_argument(f"document {document.doc_id!r}: source: {problem}")
+    return source_info(document)
+
+
+def _chunk_pb(record: ChunkRecord, source: DocumentSourceInfo) -> sparse_pb2.ChunkText:
     chunk = sparse_pb2.ChunkText(
-        chunk_id=record.chunk_id, doc_id=record.doc_id, title=record.title, text=record.text
+        chunk_id=record.chunk_id,
+        doc_id=record.doc_id,
+        title=record.title,
+        text=record.text,
+        source_uri=source.source_uri,
+        metadata=dict(source.metadata),
     )
     if record.location:
         chunk.location.CopyFrom(common_pb2.ChunkLocation.FromString(record.location))

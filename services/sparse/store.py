@@ -28,7 +28,14 @@ from meshkit.replstore import Decoded, ReplicatedStore
 from meshkit.settings import SparseSettings
 from ragmesh.sparse.v1 import sparse_pb2
 from services.sparse import metrics
-from services.sparse.collection import STATE_FILE, ChunkRecord, Collection, DocumentUpdate, ReplaceResult
+from services.sparse.collection import (
+    STATE_FILE,
+    ChunkRecord,
+    Collection,
+    DocumentSourceInfo,
+    DocumentUpdate,
+    ReplaceResult,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +79,24 @@ def document_updates(documents: Any) -> list[DocumentUpdate]:
             for c in document.upserts
         ]
         updates.append(
-            DocumentUpdate(document.doc_id, records, list(document.keep_chunk_ids), document.fence)
+            DocumentUpdate(
+                document.doc_id,
+                records,
+                list(document.keep_chunk_ids),
+                document.fence,
+                source_info(document),
+            )
         )
     return updates
+
+
+def source_info(document: Any) -> DocumentSourceInfo | None:
+    """A replacement's source (None when it sent none: entries logged before sources existed
+    and writers that keep the stored one)."""
+    if not document.HasField("source"):
+        return None
+    source = document.source
+    return DocumentSourceInfo(source.source_uri, tuple(sorted(source.metadata.items())))
 
 
 class SparseRemote:

@@ -7,6 +7,7 @@ degradation, not a hang."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh_cli.stack import Stack
 
-from .test_rerank import ingest_case
+from .test_rerank import DOCS, ingest_case
 
 pytestmark = pytest.mark.integration
 
@@ -128,3 +129,33 @@ async def test_llm_down_gives_an_extractive_answer_within_the_deadline(
         assert_citations_bound_to_retrieved_passages(response)
     finally:
         await asyncio.to_thread(stack.start, "llm")
+
+
+def sparse_replicas(stack: Stack) -> list[str]:
+    return [name for name in stack.names() if name == "sparse" or name.startswith("sparse-")]
+
+
+async def test_sparse_sigkilled_ask_still_answers_with_citations_from_the_index_payload(
+    stack: Stack, corpus: str, gateway: gateway_pb2_grpc.GatewayServiceStub
+) -> None:
+    """Every sparse replica SIGKILLed: the passages come from the index shards' stored payload,
+    the answer cites them (with the document's source URI) and says what degraded."""
+    uri_of = {d.doc_id: d.source_uri for d in DOCS}
+    victims = sparse_replicas(stack)
+    assert victims
+    for name in victims:
+        await asyncio.to_thread(stack.kill, name, signal.SIGKILL)
+    try:
+        answer = await gateway.Ask(
+            pb.AskRequest(collection=corpus, query=ANSWERABLE, mode=pb.ANSWER_MODE_EXTRACTIVE),
+            timeout=ASK_TIMEOUT_S,
+        )
+    finally:
+        for name in victims:
+            await asyncio.to_thread(stack.start, name)
+    assert answer.answered, answer
+    assert_citations_bound_to_retrieved_passages(answer)
+    assert all(c.source_uri == uri_of[c.doc_id] and c.snippet for c in answer.citations), answer.citations
+    sparse = [d for d in answer.degradations if d.stage == pb.STAGE_SPARSE]
+    assert sparse and sparse[0].fallback == pb.FALLBACK_INDEX_PAYLOAD, answer.degradations
+    assert {pb.LEG_BM25, pb.LEG_EXACT} & set(sparse[0].legs)

@@ -69,7 +69,9 @@ def test_folder_walk_ids_hidden_and_unknown(tmp_path: Path) -> None:
     assert [d.doc_id for d in docs] == ["a.md", "sub_dir/b.txt"]
     assert docs[1].format == ingestion_pb2.DOCUMENT_FORMAT_TEXT
     assert docs[1].content == b"some text"
-    assert docs[1].source_uri == str((root / "sub dir" / "b.txt").absolute())
+    # A file:// URI (spaces percent-encoded) that opens the file.
+    assert docs[1].source_uri == (root / "sub dir" / "b.txt").absolute().as_uri()
+    assert docs[1].source_uri.startswith("file:///") and "sub%20dir" in docs[1].source_uri
     assert stats.files == 2
     assert stats.skipped_unknown == [str(root / "sub dir" / "image.png")]
     assert len(warnings) == 1 and "image.png" in warnings[0]

@@ -134,6 +134,25 @@ class FakeIndex(index_pb2_grpc.IndexServiceServicer):
         ]
         return index_pb2.SearchResponse(hits=hits, shard=self.shard)
 
+    async def GetChunks(self, request: Any, context: aio.ServicerContext) -> index_pb2.GetChunksResponse:
+        await self.fakes.act("index-chunks", request, context)
+        chunks = [
+            index_pb2.StoredChunk(
+                chunk_id=cid,
+                doc_id=DOC_OF[NAME_OF[cid]],
+                text=f"payload of {NAME_OF[cid]}",
+                location=common_pb2.ChunkLocation(heading_path=["H"], ordinal=1),
+                source=common_pb2.DocumentSource(
+                    title=f"Title of {NAME_OF[cid]}",
+                    source_uri=f"file:///{DOC_OF[NAME_OF[cid]]}",
+                    metadata={"shard": str(self.shard)},
+                ),
+            )
+            for cid in request.chunk_ids
+            if cid in NAME_OF
+        ]
+        return index_pb2.GetChunksResponse(chunks=chunks)
+
 
 class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
     def __init__(self, fakes: Fakes) -> None:

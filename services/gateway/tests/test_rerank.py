@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from meshkit.settings import GatewaySettings
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.planner.v1 import planner_pb2
@@ -182,16 +184,37 @@ async def test_fallback_does_not_cut_the_answer_below_top_k(gateway: Gateway) ->
 
 async def test_hydration_failure_skips_reranking(gateway: Gateway) -> None:
     gateway.fakes.behaviour["chunks"] = "fail"
+    gateway.fakes.behaviour["index-chunks"] = "fail"
     response = await search(gateway, rerank=True)
     assert_fused_order_unscored(response)
     assert not response.results[0].text
     assert [(d.stage, list(d.legs)) for d in response.degradations] == [
         (pb.STAGE_SPARSE, []),
+        (pb.STAGE_INDEX, []),
         (pb.STAGE_RERANKER, []),
     ]
-    assert response.degradations[1].reason == pb.DEGRADATION_REASON_ERROR
-    assert "hydration" in response.degradations[1].message
+    assert response.degradations[0].fallback == pb.FALLBACK_UNSPECIFIED
+    assert response.degradations[2].reason == pb.DEGRADATION_REASON_ERROR
+    assert "hydration" in response.degradations[2].message
     assert gateway.fakes.calls["reranker"] == 0
+
+
+@pytest.mark.parametrize("sparse_mode", ["fail", "slow"])
+async def test_sparse_down_or_late_hydrates_from_the_index_payload(
+    gateway: Gateway, sparse_mode: str
+) -> None:
+    gateway.fakes.behaviour["chunks"] = sparse_mode
+    response = await search(gateway, rerank=True)
+    assert response.reranked
+    assert response.results and all(r.text.startswith("payload of ") for r in response.results)
+    first = response.results[0]
+    assert first.title == f"Title of {NAME_OF[first.chunk_id]}"
+    assert first.source_uri == f"file:///{first.doc_id}"
+    assert set(first.metadata) == {"shard"}
+    assert [(d.stage, d.fallback) for d in response.degradations] == [
+        (pb.STAGE_SPARSE, pb.FALLBACK_INDEX_PAYLOAD)
+    ]
+    assert gateway.fakes.calls["reranker"] == 1
 
 
 async def test_reply_naming_an_unknown_passage_is_an_error_and_leaves_no_scores(gateway: Gateway) -> None:

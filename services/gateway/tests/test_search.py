@@ -10,6 +10,7 @@ import grpc
 import pytest
 from grpc import aio
 
+from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.planner.v1 import planner_pb2
@@ -84,8 +85,10 @@ async def test_sparse_down_is_one_degradation_and_then_breaker_open(gateway: Gat
         gateway.fakes.behaviour[key] = "fail"
     first = await search(gateway)
     assert names(first) == ["c0", "c1", "c2", "c3"]
-    assert all(not r.text for r in first.results)
+    # The passages come from the index shards' stored payload instead.
+    assert all(r.text.startswith("payload of ") for r in first.results)
     assert len(first.degradations) == 1
+    assert first.degradations[0].fallback == pb.FALLBACK_INDEX_PAYLOAD
     stage, reason, legs = degradations(first)[0]
     assert stage == pb.STAGE_SPARSE and sorted(legs) == [BM25, EXACT]
     assert reason in (pb.DEGRADATION_REASON_UNAVAILABLE, pb.DEGRADATION_REASON_BREAKER_OPEN)
@@ -164,10 +167,15 @@ async def test_every_leg_slow_is_deadline_exceeded_in_time(gateway: Gateway) -> 
 
 async def test_hydration_failure_returns_bare_results(gateway: Gateway) -> None:
     gateway.fakes.behaviour["chunks"] = "fail"
+    gateway.fakes.behaviour["index-chunks"] = "fail"
     response = await search(gateway)
     assert names(response) == ["c0", "c2", "c4", "c1", "c3"]
-    assert [(d.stage, list(d.legs)) for d in response.degradations] == [(pb.STAGE_SPARSE, [])]
-    assert "without text" in response.degradations[0].message and not response.results[0].text
+    assert [(d.stage, list(d.legs)) for d in response.degradations] == [
+        (pb.STAGE_SPARSE, []),
+        (pb.STAGE_INDEX, []),
+    ]
+    assert "passage text" in response.degradations[0].message and not response.results[0].text
+    assert response.degradations[0].fallback == pb.FALLBACK_UNSPECIFIED
 
 
 async def test_unknown_collection_is_not_found(gateway: Gateway) -> None:
@@ -199,5 +207,36 @@ async def test_slow_sparse_also_cuts_hydration_and_still_answers_in_time(gateway
     response = await search(gateway, timeout=1.0)
     assert time.monotonic() - started < 1.0
     assert degradations(response) == [(pb.STAGE_SPARSE, pb.DEGRADATION_REASON_DEADLINE, [BM25, EXACT])]
-    assert "without text" in response.degradations[0].message
-    assert names(response) == ["c0", "c1", "c2", "c3"] and not response.results[0].text
+    assert "passage text from the index" in response.degradations[0].message
+    assert response.degradations[0].fallback == pb.FALLBACK_INDEX_PAYLOAD
+    assert names(response) == ["c0", "c1", "c2", "c3"] and response.results[0].text == "payload of c0"
+
+
+async def test_a_metadata_filter_reaches_every_leg_and_a_bad_one_is_invalid(gateway: Gateway) -> None:
+    wanted = common_pb2.MetadataFilter(
+        clauses=[
+            common_pb2.MetadataClause(key="team", op=common_pb2.FILTER_OP_IN, values=["docs", "infra"]),
+            common_pb2.MetadataClause(key="draft", op=common_pb2.FILTER_OP_EXISTS),
+        ]
+    )
+    await search(gateway, filter=wanted)
+    for key in ("index-0", "index-1", "bm25", "exact"):
+        assert gateway.fakes.requests[key][-1].filter == wanted, key
+    calls = sum(gateway.fakes.calls.values())
+    bad = common_pb2.MetadataFilter(
+        clauses=[common_pb2.MetadataClause(key="team", op=common_pb2.FILTER_OP_EQ)]
+    )
+    with pytest.raises(aio.AioRpcError) as caught:
+        await search(gateway, filter=bad)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "filter.clauses[0]: eq takes exactly one value" in (caught.value.details() or "")
+    assert sum(gateway.fakes.calls.values()) == calls  # refused before any downstream
+
+
+async def test_ask_searches_with_its_metadata_filter(gateway: Gateway) -> None:
+    wanted = common_pb2.MetadataFilter(
+        clauses=[common_pb2.MetadataClause(key="team", op=common_pb2.FILTER_OP_NE, values=["legal"])]
+    )
+    await gateway.stub.Ask(pb.AskRequest(collection=COLLECTION, query="why?", filter=wanted), timeout=10)
+    for key in ("index-0", "bm25"):
+        assert gateway.fakes.requests[key][-1].filter == wanted, key

@@ -185,8 +185,11 @@ class FakeStore:
 class FakeIndex(index_pb2_grpc.IndexServiceServicer):
     def __init__(self, store: FakeStore) -> None:
         self.store = store
+        # doc_id -> the last replacement received for it.
+        self.replacements: dict[str, Any] = {}
 
     async def ReplaceDocuments(self, request: Any, context: Any) -> Any:
+        self.replacements.update((d.doc_id, d) for d in request.documents)
         docs = [
             (d.doc_id, [c.chunk_id for c in d.upserts], list(d.keep_chunk_ids), d.fence)
             for d in request.documents
@@ -199,8 +202,10 @@ class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
     def __init__(self, store: FakeStore) -> None:
         self.store = store
         self.texts: dict[str, str] = {}
+        self.replacements: dict[str, Any] = {}
 
     async def ReplaceDocuments(self, request: Any, context: Any) -> Any:
+        self.replacements.update((d.doc_id, d) for d in request.documents)
         docs = []
         for d in request.documents:
             for c in d.upserts:
@@ -234,6 +239,7 @@ class Stores:
     embedder: FakeEmbedder
     sparse_service: FakeSparse
     addresses: dict[str, str]
+    index_service: FakeIndex | None = None
 
 
 async def _serve(register: Callable[[aio.Server], None]) -> tuple[aio.Server, str]:
@@ -249,13 +255,14 @@ async def fake_stores() -> AsyncIterator[Stores]:
     index, sparse = FakeStore("index"), FakeStore("sparse")
     embedder = FakeEmbedder()
     sparse_service = FakeSparse(sparse)
+    index_service = FakeIndex(index)
     servers = [
         await _serve(lambda s: embedder_pb2_grpc.add_EmbedderServiceServicer_to_server(embedder, s)),
-        await _serve(lambda s: index_pb2_grpc.add_IndexServiceServicer_to_server(FakeIndex(index), s)),
+        await _serve(lambda s: index_pb2_grpc.add_IndexServiceServicer_to_server(index_service, s)),
         await _serve(lambda s: sparse_pb2_grpc.add_SparseServiceServicer_to_server(sparse_service, s)),
     ]
     addresses = {"embedder": servers[0][1], "index": servers[1][1], "sparse": servers[2][1]}
-    yield Stores(index, sparse, embedder, sparse_service, addresses)
+    yield Stores(index, sparse, embedder, sparse_service, addresses, index_service)
     for server, _ in servers:
         await server.stop(None)
 

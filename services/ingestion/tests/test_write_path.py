@@ -434,3 +434,37 @@ async def test_worker_dead_letters_by_its_own_count_with_the_api_down(harness: H
     assert "stopped mid-document" in raw["reason"], raw
     info = await js.stream_info("RAGMESH_INGEST_DLQ")
     assert info.state.messages == 1
+
+
+async def test_source_uri_title_and_metadata_reach_both_stores_with_the_chunk_text(harness: Harness) -> None:
+    await harness.start_api()
+    await harness.start_worker()
+    document = ingestion_pb2.Document(
+        doc_id="guide.md",
+        title="The guide",
+        format=ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
+        content=doc("alpha").encode(),
+        source_uri="file:///srv/docs/guide.md",
+        metadata={"team": "docs", "lang": "en"},
+    )
+    await harness.api.IngestDocuments(
+        ingestion_pb2.IngestDocumentsRequest(collection="c", documents=[document]), None
+    )
+    await harness.wait_state("c", "guide.md", INDEXED)
+    assert harness.stores.index_service is not None
+    index = harness.stores.index_service.replacements["guide.md"]
+    sparse = harness.stores.sparse_service.replacements["guide.md"]
+    for replacement in (index, sparse):
+        assert replacement.source.source_uri == "file:///srv/docs/guide.md"
+        assert dict(replacement.source.metadata) == {"team": "docs", "lang": "en"}
+        assert replacement.source.title
+    # The index keeps the passage text (the payload the gateway reads when sparse is down).
+    assert [c.text for c in index.upserts] == [c.text for c in sparse.upserts] and index.upserts[0].text
+    assert index.upserts[0].location.char_end > 0
+
+    bad = ingestion_pb2.Document(doc_id="x.md", content=b"# x\n\ntext", metadata={"has space": "v"})
+    with pytest.raises(ServiceError) as caught:
+        await harness.api.IngestDocuments(
+            ingestion_pb2.IngestDocumentsRequest(collection="c", documents=[bad]), None
+        )
+    assert "may only hold letters" in str(caught.value)

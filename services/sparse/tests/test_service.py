@@ -257,3 +257,63 @@ async def test_weird_queries_and_keywords_are_fine(stub: sparse_pb2_grpc.SparseS
         pb.SearchExactRequest(collection="weird", keywords=['"C++"', "(x) and:", "-y"], top_k=3)
     )
     assert [list(h.matched_keywords) for h in exact.hits] == [['"C++"', "(x) and:", "-y"]]
+
+
+def _filter(key: str, op: int, *values: str) -> common_pb2.MetadataFilter:
+    return common_pb2.MetadataFilter(clauses=[common_pb2.MetadataClause(key=key, op=op, values=list(values))])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["ripgrep", "phrase"])
+async def test_sources_are_returned_and_filter_every_search_also_after_a_restart(
+    tmp_path: Path, mode: str
+) -> None:
+    a = text_chunk("docs", "a.md", "Rotate logs daily with logrotate ZX-81.", "A")
+    b = text_chunk("docs", "b.md", "Rotate logs weekly with cron ZX-81.", "B")
+    docs = _filter("team", common_pb2.FILTER_OP_EQ, "docs")
+    async for stub in started(tmp_path, mode):
+        await stub.ReplaceDocuments(
+            pb.ReplaceDocumentsRequest(
+                collection="docs",
+                documents=[
+                    pb.DocumentReplacement(
+                        doc_id="a.md",
+                        upserts=[a],
+                        source=common_pb2.DocumentSource(
+                            source_uri="file:///a.md", metadata={"team": "docs"}
+                        ),
+                    ),
+                    pb.DocumentReplacement(
+                        doc_id="b.md",
+                        upserts=[b],
+                        source=common_pb2.DocumentSource(source_uri="file:///b.md", metadata={"team": "ops"}),
+                    ),
+                ],
+            )
+        )
+        with pytest.raises(aio.AioRpcError) as caught:
+            await stub.SearchBm25(
+                pb.SearchBm25Request(
+                    collection="docs", query="logs", top_k=5, filter=_filter("team", common_pb2.FILTER_OP_EQ)
+                )
+            )
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "exactly one value" in (caught.value.details() or "")
+    async for stub in started(tmp_path, mode):
+        bm25 = await stub.SearchBm25(
+            pb.SearchBm25Request(collection="docs", query="rotate logs", top_k=5, filter=docs)
+        )
+        assert [h.doc_id for h in bm25.hits] == ["a.md"]
+        exact = await stub.SearchExact(
+            pb.SearchExactRequest(collection="docs", keywords=["ZX-81"], top_k=5, filter=docs)
+        )
+        assert [h.doc_id for h in exact.hits] == ["a.md"]
+        nobody = _filter("team", common_pb2.FILTER_OP_IN, "x", "y")
+        empty = await stub.SearchBm25(
+            pb.SearchBm25Request(collection="docs", query="logs", top_k=5, filter=nobody)
+        )
+        assert not empty.hits
+        got = await stub.GetChunks(pb.GetChunksRequest(collection="docs", chunk_ids=[a.chunk_id, b.chunk_id]))
+        assert {(c.doc_id, c.source_uri, dict(c.metadata)["team"]) for c in got.chunks} == {
+            ("a.md", "file:///a.md", "docs"),
+            ("b.md", "file:///b.md", "ops"),
+        }

@@ -24,15 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eragmesh/common/v1/common.proto\x12\x11ragmesh.common.v1\"\x18\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\\\n\rChunkLocation\x12\x14\n\x0cheading_path\x18\x01 \x03(\t\x12\x0f\n\x07ordinal\x18\x02 \x01(\r\x12\x12\n\nchar_start\x18\x03 \x01(\r\x12\x10\n\x08\x63har_end\x18\x04 \x01(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eragmesh/common/v1/common.proto\x12\x11ragmesh.common.v1\"\x18\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\\\n\rChunkLocation\x12\x14\n\x0cheading_path\x18\x01 \x03(\t\x12\x0f\n\x07ordinal\x18\x02 \x01(\r\x12\x12\n\nchar_start\x18\x03 \x01(\r\x12\x10\n\x08\x63har_end\x18\x04 \x01(\r\"\xa7\x01\n\x0e\x44ocumentSource\x12\r\n\x05title\x18\x01 \x01(\t\x12\x12\n\nsource_uri\x18\x02 \x01(\t\x12\x41\n\x08metadata\x18\x03 \x03(\x0b\x32/.ragmesh.common.v1.DocumentSource.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"V\n\x0eMetadataClause\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x02op\x18\x02 \x01(\x0e\x32\x1b.ragmesh.common.v1.FilterOp\x12\x0e\n\x06values\x18\x03 \x03(\t\"D\n\x0eMetadataFilter\x12\x32\n\x07\x63lauses\x18\x01 \x03(\x0b\x32!.ragmesh.common.v1.MetadataClause*q\n\x08\x46ilterOp\x12\x19\n\x15\x46ILTER_OP_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x46ILTER_OP_EQ\x10\x01\x12\x10\n\x0c\x46ILTER_OP_NE\x10\x02\x12\x10\n\x0c\x46ILTER_OP_IN\x10\x03\x12\x14\n\x10\x46ILTER_OP_EXISTS\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragmesh.common.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_DOCUMENTSOURCE_METADATAENTRY']._loaded_options = None
+  _globals['_DOCUMENTSOURCE_METADATAENTRY']._serialized_options = b'8\001'
+  _globals['_FILTEROP']._serialized_start=501
+  _globals['_FILTEROP']._serialized_end=614
   _globals['_VECTOR']._serialized_start=53
   _globals['_VECTOR']._serialized_end=77
   _globals['_CHUNKLOCATION']._serialized_start=79
   _globals['_CHUNKLOCATION']._serialized_end=171
+  _globals['_DOCUMENTSOURCE']._serialized_start=174
+  _globals['_DOCUMENTSOURCE']._serialized_end=341
+  _globals['_DOCUMENTSOURCE_METADATAENTRY']._serialized_start=294
+  _globals['_DOCUMENTSOURCE_METADATAENTRY']._serialized_end=341
+  _globals['_METADATACLAUSE']._serialized_start=343
+  _globals['_METADATACLAUSE']._serialized_end=429
+  _globals['_METADATAFILTER']._serialized_start=431
+  _globals['_METADATAFILTER']._serialized_end=499
 # @@protoc_insertion_point(module_scope)

@@ -39,6 +39,11 @@ class DegradationReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEGRADATION_REASON_ERROR: _ClassVar[DegradationReason]
     DEGRADATION_REASON_INVALID_OUTPUT: _ClassVar[DegradationReason]
 
+class Fallback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FALLBACK_UNSPECIFIED: _ClassVar[Fallback]
+    FALLBACK_INDEX_PAYLOAD: _ClassVar[Fallback]
+
 class AnswerMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ANSWER_MODE_UNSPECIFIED: _ClassVar[AnswerMode]
@@ -63,6 +68,8 @@ DEGRADATION_REASON_DEADLINE: DegradationReason
 DEGRADATION_REASON_BREAKER_OPEN: DegradationReason
 DEGRADATION_REASON_ERROR: DegradationReason
 DEGRADATION_REASON_INVALID_OUTPUT: DegradationReason
+FALLBACK_UNSPECIFIED: Fallback
+FALLBACK_INDEX_PAYLOAD: Fallback
 ANSWER_MODE_UNSPECIFIED: AnswerMode
 ANSWER_MODE_LLM: AnswerMode
 ANSWER_MODE_EXTRACTIVE: AnswerMode
@@ -78,7 +85,7 @@ class LegWeights(_message.Message):
     def __init__(self, dense: _Optional[float] = ..., bm25: _Optional[float] = ..., exact: _Optional[float] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size", "rerank", "rerank_candidates", "hyde_mode")
+    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size", "rerank", "rerank_candidates", "hyde_mode", "filter")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +100,7 @@ class SearchRequest(_message.Message):
     RERANK_FIELD_NUMBER: _ClassVar[int]
     RERANK_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     HYDE_MODE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     collection: str
     query: str
     top_k: int
@@ -107,7 +115,8 @@ class SearchRequest(_message.Message):
     rerank: bool
     rerank_candidates: int
     hyde_mode: _planner_pb2.HydeMode
-    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ..., rerank: _Optional[bool] = ..., rerank_candidates: _Optional[int] = ..., hyde_mode: _Optional[_Union[_planner_pb2.HydeMode, str]] = ...) -> None: ...
+    filter: _common_pb2.MetadataFilter
+    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ..., rerank: _Optional[bool] = ..., rerank_candidates: _Optional[int] = ..., hyde_mode: _Optional[_Union[_planner_pb2.HydeMode, str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ...) -> None: ...
 
 class LegRank(_message.Message):
     __slots__ = ("leg", "rank", "score")
@@ -120,7 +129,14 @@ class LegRank(_message.Message):
     def __init__(self, leg: _Optional[_Union[Leg, str]] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SearchResult(_message.Message):
-    __slots__ = ("chunk_id", "doc_id", "title", "text", "location", "fused_score", "leg_ranks", "rerank_score", "fused_rank")
+    __slots__ = ("chunk_id", "doc_id", "title", "text", "location", "fused_score", "leg_ranks", "rerank_score", "fused_rank", "source_uri", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +146,8 @@ class SearchResult(_message.Message):
     LEG_RANKS_FIELD_NUMBER: _ClassVar[int]
     RERANK_SCORE_FIELD_NUMBER: _ClassVar[int]
     FUSED_RANK_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_URI_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     chunk_id: str
     doc_id: str
     title: str
@@ -139,19 +157,23 @@ class SearchResult(_message.Message):
     leg_ranks: _containers.RepeatedCompositeFieldContainer[LegRank]
     rerank_score: float
     fused_rank: int
-    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ..., fused_score: _Optional[float] = ..., leg_ranks: _Optional[_Iterable[_Union[LegRank, _Mapping]]] = ..., rerank_score: _Optional[float] = ..., fused_rank: _Optional[int] = ...) -> None: ...
+    source_uri: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ..., fused_score: _Optional[float] = ..., leg_ranks: _Optional[_Iterable[_Union[LegRank, _Mapping]]] = ..., rerank_score: _Optional[float] = ..., fused_rank: _Optional[int] = ..., source_uri: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Degradation(_message.Message):
-    __slots__ = ("stage", "reason", "message", "legs")
+    __slots__ = ("stage", "reason", "message", "legs", "fallback")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LEGS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
     stage: Stage
     reason: DegradationReason
     message: str
     legs: _containers.RepeatedScalarFieldContainer[Leg]
-    def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., reason: _Optional[_Union[DegradationReason, str]] = ..., message: _Optional[str] = ..., legs: _Optional[_Iterable[_Union[Leg, str]]] = ...) -> None: ...
+    fallback: Fallback
+    def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., reason: _Optional[_Union[DegradationReason, str]] = ..., message: _Optional[str] = ..., legs: _Optional[_Iterable[_Union[Leg, str]]] = ..., fallback: _Optional[_Union[Fallback, str]] = ...) -> None: ...
 
 class StageTiming(_message.Message):
     __slots__ = ("stage", "ms")
@@ -198,7 +220,7 @@ class SearchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., leg_results: _Optional[_Iterable[_Union[LegResult, _Mapping]]] = ..., reranked: _Optional[bool] = ..., fused_hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ...) -> None: ...
 
 class AskRequest(_message.Message):
-    __slots__ = ("collection", "query", "passages", "doc_ids", "mode", "history", "hyde_mode", "rerank", "strategy", "include_facts")
+    __slots__ = ("collection", "query", "passages", "doc_ids", "mode", "history", "hyde_mode", "rerank", "strategy", "include_facts", "filter")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     PASSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +231,7 @@ class AskRequest(_message.Message):
     RERANK_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_FACTS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     collection: str
     query: str
     passages: int
@@ -219,23 +242,35 @@ class AskRequest(_message.Message):
     rerank: bool
     strategy: _planner_pb2.Strategy
     include_facts: bool
-    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., passages: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., mode: _Optional[_Union[AnswerMode, str]] = ..., history: _Optional[_Iterable[_Union[_narrator_pb2.ChatTurn, _Mapping]]] = ..., hyde_mode: _Optional[_Union[_planner_pb2.HydeMode, str]] = ..., rerank: _Optional[bool] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., include_facts: _Optional[bool] = ...) -> None: ...
+    filter: _common_pb2.MetadataFilter
+    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., passages: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., mode: _Optional[_Union[AnswerMode, str]] = ..., history: _Optional[_Iterable[_Union[_narrator_pb2.ChatTurn, _Mapping]]] = ..., hyde_mode: _Optional[_Union[_planner_pb2.HydeMode, str]] = ..., rerank: _Optional[bool] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., include_facts: _Optional[bool] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ...) -> None: ...
 
 class AnswerCitation(_message.Message):
-    __slots__ = ("number", "doc_id", "chunk_id", "title", "snippet", "location")
+    __slots__ = ("number", "doc_id", "chunk_id", "title", "snippet", "location", "source_uri", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
     SNIPPET_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_URI_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     number: int
     doc_id: str
     chunk_id: str
     title: str
     snippet: str
     location: _common_pb2.ChunkLocation
-    def __init__(self, number: _Optional[int] = ..., doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., title: _Optional[str] = ..., snippet: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ...) -> None: ...
+    source_uri: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, number: _Optional[int] = ..., doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., title: _Optional[str] = ..., snippet: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ..., source_uri: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ExploredSource(_message.Message):
     __slots__ = ("chunk_id", "doc_id", "title", "preview", "rerank_score", "cited")

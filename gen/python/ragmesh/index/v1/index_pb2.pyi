@@ -8,14 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Chunk(_message.Message):
-    __slots__ = ("chunk_id", "doc_id", "vector")
+    __slots__ = ("chunk_id", "doc_id", "vector", "text", "location")
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
     chunk_id: str
     doc_id: str
     vector: _common_pb2.Vector
-    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ...) -> None: ...
+    text: str
+    location: _common_pb2.ChunkLocation
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ...) -> None: ...
 
 class UpsertRequest(_message.Message):
     __slots__ = ("collection", "chunks")
@@ -32,16 +36,18 @@ class UpsertResponse(_message.Message):
     def __init__(self, upserted: _Optional[int] = ...) -> None: ...
 
 class DocumentReplacement(_message.Message):
-    __slots__ = ("doc_id", "upserts", "keep_chunk_ids", "fence")
+    __slots__ = ("doc_id", "upserts", "keep_chunk_ids", "fence", "source")
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     UPSERTS_FIELD_NUMBER: _ClassVar[int]
     KEEP_CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     upserts: _containers.RepeatedCompositeFieldContainer[Chunk]
     keep_chunk_ids: _containers.RepeatedScalarFieldContainer[str]
     fence: int
-    def __init__(self, doc_id: _Optional[str] = ..., upserts: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., keep_chunk_ids: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ...) -> None: ...
+    source: _common_pb2.DocumentSource
+    def __init__(self, doc_id: _Optional[str] = ..., upserts: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., keep_chunk_ids: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ..., source: _Optional[_Union[_common_pb2.DocumentSource, _Mapping]] = ...) -> None: ...
 
 class ReplaceDocumentsRequest(_message.Message):
     __slots__ = ("collection", "documents")
@@ -80,16 +86,18 @@ class DeleteResponse(_message.Message):
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "vector", "top_k", "doc_ids")
+    __slots__ = ("collection", "vector", "top_k", "doc_ids", "filter")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     DOC_IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     collection: str
     vector: _common_pb2.Vector
     top_k: int
     doc_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, collection: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    filter: _common_pb2.MetadataFilter
+    def __init__(self, collection: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ...) -> None: ...
 
 class SearchHit(_message.Message):
     __slots__ = ("chunk_id", "doc_id", "score")
@@ -108,6 +116,34 @@ class SearchResponse(_message.Message):
     hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
     shard: int
     def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., shard: _Optional[int] = ...) -> None: ...
+
+class GetChunksRequest(_message.Message):
+    __slots__ = ("collection", "chunk_ids")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    chunk_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, collection: _Optional[str] = ..., chunk_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StoredChunk(_message.Message):
+    __slots__ = ("chunk_id", "doc_id", "text", "location", "source")
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    chunk_id: str
+    doc_id: str
+    text: str
+    location: _common_pb2.ChunkLocation
+    source: _common_pb2.DocumentSource
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ..., source: _Optional[_Union[_common_pb2.DocumentSource, _Mapping]] = ...) -> None: ...
+
+class GetChunksResponse(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[StoredChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[StoredChunk, _Mapping]]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ("collection",)

@@ -62,6 +62,11 @@ class IndexServiceStub:
                 request_serializer=ragmesh_dot_index_dot_v1_dot_index__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=ragmesh_dot_index_dot_v1_dot_index__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.GetChunks = channel.unary_unary(
+                '/ragmesh.index.v1.IndexService/GetChunks',
+                request_serializer=ragmesh_dot_index_dot_v1_dot_index__pb2.GetChunksRequest.SerializeToString,
+                response_deserializer=ragmesh_dot_index_dot_v1_dot_index__pb2.GetChunksResponse.FromString,
+                _registered_method=True)
         self.Snapshot = channel.unary_unary(
                 '/ragmesh.index.v1.IndexService/Snapshot',
                 request_serializer=ragmesh_dot_index_dot_v1_dot_index__pb2.SnapshotRequest.SerializeToString,
@@ -117,6 +122,14 @@ class IndexServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetChunks(self, request, context):
+        """Stored payload (text, location, document source) of chunks by id; ids this shard does not
+        hold are left out. What the gateway shows when the sparse service cannot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Snapshot(self, request, context):
         """Write a snapshot to disk (and the object store when configured) now.
         """
@@ -161,6 +174,11 @@ def add_IndexServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=ragmesh_dot_index_dot_v1_dot_index__pb2.GetStatsRequest.FromString,
                     response_serializer=ragmesh_dot_index_dot_v1_dot_index__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'GetChunks': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetChunks,
+                    request_deserializer=ragmesh_dot_index_dot_v1_dot_index__pb2.GetChunksRequest.FromString,
+                    response_serializer=ragmesh_dot_index_dot_v1_dot_index__pb2.GetChunksResponse.SerializeToString,
             ),
             'Snapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.Snapshot,
@@ -311,6 +329,33 @@ class IndexService:
             '/ragmesh.index.v1.IndexService/GetStats',
             ragmesh_dot_index_dot_v1_dot_index__pb2.GetStatsRequest.SerializeToString,
             ragmesh_dot_index_dot_v1_dot_index__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetChunks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragmesh.index.v1.IndexService/GetChunks',
+            ragmesh_dot_index_dot_v1_dot_index__pb2.GetChunksRequest.SerializeToString,
+            ragmesh_dot_index_dot_v1_dot_index__pb2.GetChunksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,30 +8,43 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ChunkText(_message.Message):
-    __slots__ = ("chunk_id", "doc_id", "title", "text", "location")
+    __slots__ = ("chunk_id", "doc_id", "title", "text", "location", "source_uri", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_URI_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     chunk_id: str
     doc_id: str
     title: str
     text: str
     location: _common_pb2.ChunkLocation
-    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ...) -> None: ...
+    source_uri: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ..., source_uri: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class DocumentReplacement(_message.Message):
-    __slots__ = ("doc_id", "upserts", "keep_chunk_ids", "fence")
+    __slots__ = ("doc_id", "upserts", "keep_chunk_ids", "fence", "source")
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     UPSERTS_FIELD_NUMBER: _ClassVar[int]
     KEEP_CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     upserts: _containers.RepeatedCompositeFieldContainer[ChunkText]
     keep_chunk_ids: _containers.RepeatedScalarFieldContainer[str]
     fence: int
-    def __init__(self, doc_id: _Optional[str] = ..., upserts: _Optional[_Iterable[_Union[ChunkText, _Mapping]]] = ..., keep_chunk_ids: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ...) -> None: ...
+    source: _common_pb2.DocumentSource
+    def __init__(self, doc_id: _Optional[str] = ..., upserts: _Optional[_Iterable[_Union[ChunkText, _Mapping]]] = ..., keep_chunk_ids: _Optional[_Iterable[str]] = ..., fence: _Optional[int] = ..., source: _Optional[_Union[_common_pb2.DocumentSource, _Mapping]] = ...) -> None: ...
 
 class ReplaceDocumentsRequest(_message.Message):
     __slots__ = ("collection", "documents")
@@ -70,28 +83,32 @@ class DeleteResponse(_message.Message):
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
 class SearchBm25Request(_message.Message):
-    __slots__ = ("collection", "query", "top_k", "doc_ids")
+    __slots__ = ("collection", "query", "top_k", "doc_ids", "filter")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     DOC_IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     collection: str
     query: str
     top_k: int
     doc_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    filter: _common_pb2.MetadataFilter
+    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ...) -> None: ...
 
 class SearchExactRequest(_message.Message):
-    __slots__ = ("collection", "keywords", "top_k", "doc_ids")
+    __slots__ = ("collection", "keywords", "top_k", "doc_ids", "filter")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     KEYWORDS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     DOC_IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     collection: str
     keywords: _containers.RepeatedScalarFieldContainer[str]
     top_k: int
     doc_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, collection: _Optional[str] = ..., keywords: _Optional[_Iterable[str]] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    filter: _common_pb2.MetadataFilter
+    def __init__(self, collection: _Optional[str] = ..., keywords: _Optional[_Iterable[str]] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ...) -> None: ...
 
 class SearchHit(_message.Message):
     __slots__ = ("chunk_id", "doc_id", "score", "matched_keywords")
