@@ -124,7 +124,10 @@ async def test_a_document_over_the_cpu_budget_is_dead_lettered_while_a_normal_on
 
     slow = (await mesh.wait_settled(collection, ["slow.html"], timeout=120))["slow.html"]
     assert slow.state == FAILED
-    assert slow.reason.startswith(f"processing took more than {CPU_BUDGET_S} s of CPU"), slow.reason
+    # Over the CPU budget, or (on a machine so loaded that the child cannot get its CPU) over
+    # the wall-clock limit the parent derives from that budget: both dead-letter it for good.
+    assert slow.reason.startswith("processing took more than"), slow.reason
+    assert f"{CPU_BUDGET_S} s of CPU" in slow.reason, slow.reason
     assert normal.updated_at.ToDatetime() < slow.updated_at.ToDatetime()
     # Failed once for good (permanent, not retried up to max_deliver), to the dead letters.
     assert time.monotonic() - started < 4 * CPU_BUDGET_S + 30
