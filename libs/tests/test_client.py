@@ -222,11 +222,11 @@ async def test_explicit_timeout_shorter_than_inbound_deadline_wins(start_fake: A
     client = connect(served.address)
     token = deadline_var.set(time.monotonic() + 20)
     try:
-        await client.call(client.stub.Embed, REQUEST, timeout=0.5)
+        await client.call(client.stub.Embed, REQUEST, timeout=3.0)
     finally:
         deadline_var.reset(token)
     remaining = served.fake.seen[-1].time_remaining
-    assert remaining is not None and remaining <= 0.5
+    assert remaining is not None and remaining <= 3.0
 
 
 def test_remaining_budget() -> None:

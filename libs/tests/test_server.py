@@ -190,13 +190,14 @@ async def test_handler_sees_the_callers_deadline(start_fake: Any) -> None:
     async with aio.insecure_channel(served.address) as channel:
         stub = embedder_pb2_grpc.EmbedderServiceStub(channel)
         before = time.monotonic()
-        await stub.Embed(REQUEST, timeout=2.0)
+        await stub.Embed(REQUEST, timeout=10.0)
         after = time.monotonic()
         await stub.Embed(REQUEST)
     with_deadline, without_deadline = served.fake.seen
+    # Loose lower bounds: on a loaded machine the call may take seconds to reach the handler.
     assert with_deadline.deadline is not None
-    assert before + 1.5 < with_deadline.deadline <= after + 2.0
-    assert with_deadline.time_remaining is not None and 1.5 < with_deadline.time_remaining <= 2.0
+    assert before + 5 < with_deadline.deadline <= after + 10.0
+    assert with_deadline.time_remaining is not None and 5 < with_deadline.time_remaining <= 10.0
     assert without_deadline.deadline is None
 
 
