@@ -39,6 +39,8 @@ class SearchParams:
     rerank_candidates: int = 0
     # Unspecified: the planner's default.
     hyde_mode: planner_pb2.HydeMode = planner_pb2.HYDE_MODE_UNSPECIFIED
+    # Earlier turns of the conversation, oldest first (the planner rewrites a follow-up).
+    history: tuple[narrator_pb2.ChatTurn, ...] = ()
 
     def enabled(self, leg: str) -> bool:
         return self.weights[leg] > 0
@@ -95,6 +97,7 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
     rrf_k = request.rrf_k if request.HasField("rrf_k") else settings.gateway_rrf_k
     if rrf_k < 1:
         raise invalid_argument(f"rrf_k must be >= 1, got {rrf_k}")
+    _validate_history(list(request.history), settings)
     return SearchParams(
         collection=collection,
         query=request.query,
@@ -110,6 +113,7 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
         rerank=request.rerank if request.HasField("rerank") else settings.gateway_rerank,
         rerank_candidates=rerank_candidates,
         hyde_mode=request.hyde_mode,
+        history=tuple(request.history),
     )
 
 
@@ -131,10 +135,10 @@ def validate_ask(request: gateway_pb2.AskRequest, settings: GatewaySettings) -> 
         doc_ids=request.doc_ids,
         strategy=request.strategy,
         hyde_mode=request.hyde_mode,
+        history=request.history,
     )
     if request.HasField("rerank"):
         search.rerank = request.rerank
-    _validate_history(list(request.history), settings)
     return validate_search(search, settings), passages, mode
 
 

@@ -28,53 +28,53 @@ from ragmesh.narrator.v1 import narrator_pb2 as ragmesh_dot_narrator_dot_v1_dot_
 from ragmesh.planner.v1 import planner_pb2 as ragmesh_dot_planner_dot_v1_dot_planner__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n ragmesh/gateway/v1/gateway.proto\x12\x12ragmesh.gateway.v1\x1a\x1eragmesh/common/v1/common.proto\x1a$ragmesh/extractor/v1/extractor.proto\x1a\"ragmesh/narrator/v1/narrator.proto\x1a ragmesh/planner/v1/planner.proto\"d\n\nLegWeights\x12\x12\n\x05\x64\x65nse\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04\x62m25\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05\x65xact\x18\x03 \x01(\x02H\x02\x88\x01\x01\x42\x08\n\x06_denseB\x07\n\x05_bm25B\x08\n\x06_exact\"\xa1\x03\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\x12\x1a\n\x12\x63ollapse_documents\x18\x05 \x01(\x08\x12\x12\n\x05rrf_k\x18\x06 \x01(\rH\x00\x88\x01\x01\x12/\n\x07weights\x18\x07 \x01(\x0b\x32\x1e.ragmesh.gateway.v1.LegWeights\x12.\n\x08strategy\x18\x08 \x01(\x0e\x32\x1c.ragmesh.planner.v1.Strategy\x12\x16\n\x0emax_variations\x18\t \x01(\r\x12\x1b\n\x13include_leg_results\x18\n \x01(\x08\x12\x11\n\tpool_size\x18\x0b \x01(\r\x12\x13\n\x06rerank\x18\x0c \x01(\x08H\x01\x88\x01\x01\x12\x19\n\x11rerank_candidates\x18\r \x01(\r\x12/\n\thyde_mode\x18\x0e \x01(\x0e\x32\x1c.ragmesh.planner.v1.HydeModeB\x08\n\x06_rrf_kB\t\n\x07_rerank\"L\n\x07LegRank\x12$\n\x03leg\x18\x01 \x01(\x0e\x32\x17.ragmesh.gateway.v1.Leg\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\r\n\x05score\x18\x03 \x01(\x02\"\x86\x02\n\x0cSearchResult\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x32\n\x08location\x18\x05 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\x12\x13\n\x0b\x66used_score\x18\x06 \x01(\x02\x12.\n\tleg_ranks\x18\x07 \x03(\x0b\x32\x1b.ragmesh.gateway.v1.LegRank\x12\x19\n\x0crerank_score\x18\x08 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\nfused_rank\x18\t \x01(\rB\x0f\n\r_rerank_score\"\xa6\x01\n\x0b\x44\x65gradation\x12(\n\x05stage\x18\x01 \x01(\x0e\x32\x19.ragmesh.gateway.v1.Stage\x12\x35\n\x06reason\x18\x02 \x01(\x0e\x32%.ragmesh.gateway.v1.DegradationReason\x12\x0f\n\x07message\x18\x03 \x01(\t\x12%\n\x04legs\x18\x04 \x03(\x0e\x32\x17.ragmesh.gateway.v1.Leg\"(\n\x0bStageTiming\x12\r\n\x05stage\x18\x01 \x01(\t\x12\n\n\x02ms\x18\x02 \x01(\x01\"9\n\x06LegHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\"[\n\tLegResult\x12$\n\x03leg\x18\x01 \x01(\x0e\x32\x17.ragmesh.gateway.v1.Leg\x12(\n\x04hits\x18\x02 \x03(\x0b\x32\x1a.ragmesh.gateway.v1.LegHit\"\xca\x02\n\x0eSearchResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .ragmesh.gateway.v1.SearchResult\x12&\n\x04plan\x18\x02 \x01(\x0b\x32\x18.ragmesh.planner.v1.Plan\x12\x35\n\x0c\x64\x65gradations\x18\x03 \x03(\x0b\x32\x1f.ragmesh.gateway.v1.Degradation\x12\x30\n\x07timings\x18\x04 \x03(\x0b\x32\x1f.ragmesh.gateway.v1.StageTiming\x12\x32\n\x0bleg_results\x18\x05 \x03(\x0b\x32\x1d.ragmesh.gateway.v1.LegResult\x12\x10\n\x08reranked\x18\x06 \x01(\x08\x12.\n\nfused_hits\x18\x07 \x03(\x0b\x32\x1a.ragmesh.gateway.v1.LegHit\"\xc8\x02\n\nAskRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\x10\n\x08passages\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\x12,\n\x04mode\x18\x05 \x01(\x0e\x32\x1e.ragmesh.gateway.v1.AnswerMode\x12.\n\x07history\x18\x06 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.ChatTurn\x12/\n\thyde_mode\x18\x07 \x01(\x0e\x32\x1c.ragmesh.planner.v1.HydeMode\x12\x13\n\x06rerank\x18\x08 \x01(\x08H\x00\x88\x01\x01\x12.\n\x08strategy\x18\t \x01(\x0e\x32\x1c.ragmesh.planner.v1.Strategy\x12\x15\n\rinclude_facts\x18\n \x01(\x08\x42\t\n\x07_rerank\"\x96\x01\n\x0e\x41nswerCitation\x12\x0e\n\x06number\x18\x01 \x01(\r\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x10\n\x08\x63hunk_id\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x0f\n\x07snippet\x18\x05 \x01(\t\x12\x32\n\x08location\x18\x06 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\"\x8d\x01\n\x0e\x45xploredSource\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0f\n\x07preview\x18\x04 \x01(\t\x12\x19\n\x0crerank_score\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05\x63ited\x18\x06 \x01(\x08\x42\x0f\n\r_rerank_score\"\xf3\x03\n\x0b\x41skResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\x10\n\x08\x61nswered\x18\x02 \x01(\x08\x12\x35\n\tcitations\x18\x03 \x03(\x0b\x32\".ragmesh.gateway.v1.AnswerCitation\x12\x30\n\tsentences\x18\x04 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.Sentence\x12:\n\x0e\x63ontradictions\x18\x05 \x03(\x0b\x32\".ragmesh.narrator.v1.Contradiction\x12\x33\n\x07sources\x18\x06 \x03(\x0b\x32\".ragmesh.gateway.v1.ExploredSource\x12\x35\n\x0c\x64\x65gradations\x18\x07 \x03(\x0b\x32\x1f.ragmesh.gateway.v1.Degradation\x12\x30\n\x07timings\x18\x08 \x03(\x0b\x32\x1f.ragmesh.gateway.v1.StageTiming\x12&\n\x04plan\x18\t \x01(\x0b\x32\x18.ragmesh.planner.v1.Plan\x12,\n\x04mode\x18\n \x01(\x0e\x32\x1e.ragmesh.gateway.v1.AnswerMode\x12)\n\x05\x66\x61\x63ts\x18\x0b \x03(\x0b\x32\x1a.ragmesh.extractor.v1.Fact\"7\n\x0b\x41skProgress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\n\n\x02ms\x18\x02 \x01(\x01\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"C\n\x10\x41skStreamRequest\x12/\n\x07request\x18\x01 \x01(\x0b\x32\x1e.ragmesh.gateway.v1.AskRequest\"\x95\x01\n\x11\x41skStreamResponse\x12\x33\n\x08progress\x18\x01 \x01(\x0b\x32\x1f.ragmesh.gateway.v1.AskProgressH\x00\x12\x0f\n\x05\x64\x65lta\x18\x02 \x01(\tH\x00\x12\x31\n\x06\x61nswer\x18\x03 \x01(\x0b\x32\x1f.ragmesh.gateway.v1.AskResponseH\x00\x42\x07\n\x05\x65vent*F\n\x03Leg\x12\x13\n\x0fLEG_UNSPECIFIED\x10\x00\x12\r\n\tLEG_DENSE\x10\x01\x12\x0c\n\x08LEG_BM25\x10\x02\x12\r\n\tLEG_EXACT\x10\x03*\xb5\x01\n\x05Stage\x12\x15\n\x11STAGE_UNSPECIFIED\x10\x00\x12\x11\n\rSTAGE_PLANNER\x10\x01\x12\x12\n\x0eSTAGE_EMBEDDER\x10\x02\x12\x0f\n\x0bSTAGE_INDEX\x10\x03\x12\x10\n\x0cSTAGE_SPARSE\x10\x04\x12\x12\n\x0eSTAGE_RERANKER\x10\x05\x12\x0e\n\nSTAGE_HYDE\x10\x06\x12\x13\n\x0fSTAGE_EXTRACTOR\x10\x07\x12\x12\n\x0eSTAGE_NARRATOR\x10\x08*\xe6\x01\n\x11\x44\x65gradationReason\x12\"\n\x1e\x44\x45GRADATION_REASON_UNSPECIFIED\x10\x00\x12\"\n\x1e\x44\x45GRADATION_REASON_UNAVAILABLE\x10\x01\x12\x1f\n\x1b\x44\x45GRADATION_REASON_DEADLINE\x10\x02\x12#\n\x1f\x44\x45GRADATION_REASON_BREAKER_OPEN\x10\x03\x12\x1c\n\x18\x44\x45GRADATION_REASON_ERROR\x10\x04\x12%\n!DEGRADATION_REASON_INVALID_OUTPUT\x10\x05*Z\n\nAnswerMode\x12\x1b\n\x17\x41NSWER_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41NSWER_MODE_LLM\x10\x01\x12\x1a\n\x16\x41NSWER_MODE_EXTRACTIVE\x10\x02\x32\x85\x02\n\x0eGatewayService\x12O\n\x06Search\x12!.ragmesh.gateway.v1.SearchRequest\x1a\".ragmesh.gateway.v1.SearchResponse\x12\x46\n\x03\x41sk\x12\x1e.ragmesh.gateway.v1.AskRequest\x1a\x1f.ragmesh.gateway.v1.AskResponse\x12Z\n\tAskStream\x12$.ragmesh.gateway.v1.AskStreamRequest\x1a%.ragmesh.gateway.v1.AskStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n ragmesh/gateway/v1/gateway.proto\x12\x12ragmesh.gateway.v1\x1a\x1eragmesh/common/v1/common.proto\x1a$ragmesh/extractor/v1/extractor.proto\x1a\"ragmesh/narrator/v1/narrator.proto\x1a ragmesh/planner/v1/planner.proto\"d\n\nLegWeights\x12\x12\n\x05\x64\x65nse\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04\x62m25\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05\x65xact\x18\x03 \x01(\x02H\x02\x88\x01\x01\x42\x08\n\x06_denseB\x07\n\x05_bm25B\x08\n\x06_exact\"\xd1\x03\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\x12\x1a\n\x12\x63ollapse_documents\x18\x05 \x01(\x08\x12\x12\n\x05rrf_k\x18\x06 \x01(\rH\x00\x88\x01\x01\x12/\n\x07weights\x18\x07 \x01(\x0b\x32\x1e.ragmesh.gateway.v1.LegWeights\x12.\n\x08strategy\x18\x08 \x01(\x0e\x32\x1c.ragmesh.planner.v1.Strategy\x12\x16\n\x0emax_variations\x18\t \x01(\r\x12\x1b\n\x13include_leg_results\x18\n \x01(\x08\x12\x11\n\tpool_size\x18\x0b \x01(\r\x12\x13\n\x06rerank\x18\x0c \x01(\x08H\x01\x88\x01\x01\x12\x19\n\x11rerank_candidates\x18\r \x01(\r\x12/\n\thyde_mode\x18\x0e \x01(\x0e\x32\x1c.ragmesh.planner.v1.HydeMode\x12.\n\x07history\x18\x0f \x03(\x0b\x32\x1d.ragmesh.narrator.v1.ChatTurnB\x08\n\x06_rrf_kB\t\n\x07_rerank\"L\n\x07LegRank\x12$\n\x03leg\x18\x01 \x01(\x0e\x32\x17.ragmesh.gateway.v1.Leg\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\r\n\x05score\x18\x03 \x01(\x02\"\x86\x02\n\x0cSearchResult\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x32\n\x08location\x18\x05 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\x12\x13\n\x0b\x66used_score\x18\x06 \x01(\x02\x12.\n\tleg_ranks\x18\x07 \x03(\x0b\x32\x1b.ragmesh.gateway.v1.LegRank\x12\x19\n\x0crerank_score\x18\x08 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\nfused_rank\x18\t \x01(\rB\x0f\n\r_rerank_score\"\xa6\x01\n\x0b\x44\x65gradation\x12(\n\x05stage\x18\x01 \x01(\x0e\x32\x19.ragmesh.gateway.v1.Stage\x12\x35\n\x06reason\x18\x02 \x01(\x0e\x32%.ragmesh.gateway.v1.DegradationReason\x12\x0f\n\x07message\x18\x03 \x01(\t\x12%\n\x04legs\x18\x04 \x03(\x0e\x32\x17.ragmesh.gateway.v1.Leg\"(\n\x0bStageTiming\x12\r\n\x05stage\x18\x01 \x01(\t\x12\n\n\x02ms\x18\x02 \x01(\x01\"9\n\x06LegHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\"[\n\tLegResult\x12$\n\x03leg\x18\x01 \x01(\x0e\x32\x17.ragmesh.gateway.v1.Leg\x12(\n\x04hits\x18\x02 \x03(\x0b\x32\x1a.ragmesh.gateway.v1.LegHit\"\xe2\x02\n\x0eSearchResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .ragmesh.gateway.v1.SearchResult\x12&\n\x04plan\x18\x02 \x01(\x0b\x32\x18.ragmesh.planner.v1.Plan\x12\x35\n\x0c\x64\x65gradations\x18\x03 \x03(\x0b\x32\x1f.ragmesh.gateway.v1.Degradation\x12\x30\n\x07timings\x18\x04 \x03(\x0b\x32\x1f.ragmesh.gateway.v1.StageTiming\x12\x32\n\x0bleg_results\x18\x05 \x03(\x0b\x32\x1d.ragmesh.gateway.v1.LegResult\x12\x10\n\x08reranked\x18\x06 \x01(\x08\x12.\n\nfused_hits\x18\x07 \x03(\x0b\x32\x1a.ragmesh.gateway.v1.LegHit\x12\x16\n\x0esearched_query\x18\x08 \x01(\t\"\xc8\x02\n\nAskRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\x10\n\x08passages\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\x12,\n\x04mode\x18\x05 \x01(\x0e\x32\x1e.ragmesh.gateway.v1.AnswerMode\x12.\n\x07history\x18\x06 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.ChatTurn\x12/\n\thyde_mode\x18\x07 \x01(\x0e\x32\x1c.ragmesh.planner.v1.HydeMode\x12\x13\n\x06rerank\x18\x08 \x01(\x08H\x00\x88\x01\x01\x12.\n\x08strategy\x18\t \x01(\x0e\x32\x1c.ragmesh.planner.v1.Strategy\x12\x15\n\rinclude_facts\x18\n \x01(\x08\x42\t\n\x07_rerank\"\x96\x01\n\x0e\x41nswerCitation\x12\x0e\n\x06number\x18\x01 \x01(\r\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x10\n\x08\x63hunk_id\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x0f\n\x07snippet\x18\x05 \x01(\t\x12\x32\n\x08location\x18\x06 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\"\x8d\x01\n\x0e\x45xploredSource\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0f\n\x07preview\x18\x04 \x01(\t\x12\x19\n\x0crerank_score\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05\x63ited\x18\x06 \x01(\x08\x42\x0f\n\r_rerank_score\"\x8b\x04\n\x0b\x41skResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\x10\n\x08\x61nswered\x18\x02 \x01(\x08\x12\x35\n\tcitations\x18\x03 \x03(\x0b\x32\".ragmesh.gateway.v1.AnswerCitation\x12\x30\n\tsentences\x18\x04 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.Sentence\x12:\n\x0e\x63ontradictions\x18\x05 \x03(\x0b\x32\".ragmesh.narrator.v1.Contradiction\x12\x33\n\x07sources\x18\x06 \x03(\x0b\x32\".ragmesh.gateway.v1.ExploredSource\x12\x35\n\x0c\x64\x65gradations\x18\x07 \x03(\x0b\x32\x1f.ragmesh.gateway.v1.Degradation\x12\x30\n\x07timings\x18\x08 \x03(\x0b\x32\x1f.ragmesh.gateway.v1.StageTiming\x12&\n\x04plan\x18\t \x01(\x0b\x32\x18.ragmesh.planner.v1.Plan\x12,\n\x04mode\x18\n \x01(\x0e\x32\x1e.ragmesh.gateway.v1.AnswerMode\x12)\n\x05\x66\x61\x63ts\x18\x0b \x03(\x0b\x32\x1a.ragmesh.extractor.v1.Fact\x12\x16\n\x0esearched_query\x18\x0c \x01(\t\"7\n\x0b\x41skProgress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\n\n\x02ms\x18\x02 \x01(\x01\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"C\n\x10\x41skStreamRequest\x12/\n\x07request\x18\x01 \x01(\x0b\x32\x1e.ragmesh.gateway.v1.AskRequest\"\x95\x01\n\x11\x41skStreamResponse\x12\x33\n\x08progress\x18\x01 \x01(\x0b\x32\x1f.ragmesh.gateway.v1.AskProgressH\x00\x12\x0f\n\x05\x64\x65lta\x18\x02 \x01(\tH\x00\x12\x31\n\x06\x61nswer\x18\x03 \x01(\x0b\x32\x1f.ragmesh.gateway.v1.AskResponseH\x00\x42\x07\n\x05\x65vent*F\n\x03Leg\x12\x13\n\x0fLEG_UNSPECIFIED\x10\x00\x12\r\n\tLEG_DENSE\x10\x01\x12\x0c\n\x08LEG_BM25\x10\x02\x12\r\n\tLEG_EXACT\x10\x03*\xb5\x01\n\x05Stage\x12\x15\n\x11STAGE_UNSPECIFIED\x10\x00\x12\x11\n\rSTAGE_PLANNER\x10\x01\x12\x12\n\x0eSTAGE_EMBEDDER\x10\x02\x12\x0f\n\x0bSTAGE_INDEX\x10\x03\x12\x10\n\x0cSTAGE_SPARSE\x10\x04\x12\x12\n\x0eSTAGE_RERANKER\x10\x05\x12\x0e\n\nSTAGE_HYDE\x10\x06\x12\x13\n\x0fSTAGE_EXTRACTOR\x10\x07\x12\x12\n\x0eSTAGE_NARRATOR\x10\x08*\xe6\x01\n\x11\x44\x65gradationReason\x12\"\n\x1e\x44\x45GRADATION_REASON_UNSPECIFIED\x10\x00\x12\"\n\x1e\x44\x45GRADATION_REASON_UNAVAILABLE\x10\x01\x12\x1f\n\x1b\x44\x45GRADATION_REASON_DEADLINE\x10\x02\x12#\n\x1f\x44\x45GRADATION_REASON_BREAKER_OPEN\x10\x03\x12\x1c\n\x18\x44\x45GRADATION_REASON_ERROR\x10\x04\x12%\n!DEGRADATION_REASON_INVALID_OUTPUT\x10\x05*Z\n\nAnswerMode\x12\x1b\n\x17\x41NSWER_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41NSWER_MODE_LLM\x10\x01\x12\x1a\n\x16\x41NSWER_MODE_EXTRACTIVE\x10\x02\x32\x85\x02\n\x0eGatewayService\x12O\n\x06Search\x12!.ragmesh.gateway.v1.SearchRequest\x1a\".ragmesh.gateway.v1.SearchResponse\x12\x46\n\x03\x41sk\x12\x1e.ragmesh.gateway.v1.AskRequest\x1a\x1f.ragmesh.gateway.v1.AskResponse\x12Z\n\tAskStream\x12$.ragmesh.gateway.v1.AskStreamRequest\x1a%.ragmesh.gateway.v1.AskStreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragmesh.gateway.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LEG']._serialized_start=3165
-  _globals['_LEG']._serialized_end=3235
-  _globals['_STAGE']._serialized_start=3238
-  _globals['_STAGE']._serialized_end=3419
-  _globals['_DEGRADATIONREASON']._serialized_start=3422
-  _globals['_DEGRADATIONREASON']._serialized_end=3652
-  _globals['_ANSWERMODE']._serialized_start=3654
-  _globals['_ANSWERMODE']._serialized_end=3744
+  _globals['_LEG']._serialized_start=3261
+  _globals['_LEG']._serialized_end=3331
+  _globals['_STAGE']._serialized_start=3334
+  _globals['_STAGE']._serialized_end=3515
+  _globals['_DEGRADATIONREASON']._serialized_start=3518
+  _globals['_DEGRADATIONREASON']._serialized_end=3748
+  _globals['_ANSWERMODE']._serialized_start=3750
+  _globals['_ANSWERMODE']._serialized_end=3840
   _globals['_LEGWEIGHTS']._serialized_start=196
   _globals['_LEGWEIGHTS']._serialized_end=296
   _globals['_SEARCHREQUEST']._serialized_start=299
-  _globals['_SEARCHREQUEST']._serialized_end=716
-  _globals['_LEGRANK']._serialized_start=718
-  _globals['_LEGRANK']._serialized_end=794
-  _globals['_SEARCHRESULT']._serialized_start=797
-  _globals['_SEARCHRESULT']._serialized_end=1059
-  _globals['_DEGRADATION']._serialized_start=1062
-  _globals['_DEGRADATION']._serialized_end=1228
-  _globals['_STAGETIMING']._serialized_start=1230
-  _globals['_STAGETIMING']._serialized_end=1270
-  _globals['_LEGHIT']._serialized_start=1272
-  _globals['_LEGHIT']._serialized_end=1329
-  _globals['_LEGRESULT']._serialized_start=1331
-  _globals['_LEGRESULT']._serialized_end=1422
-  _globals['_SEARCHRESPONSE']._serialized_start=1425
-  _globals['_SEARCHRESPONSE']._serialized_end=1755
-  _globals['_ASKREQUEST']._serialized_start=1758
-  _globals['_ASKREQUEST']._serialized_end=2086
-  _globals['_ANSWERCITATION']._serialized_start=2089
-  _globals['_ANSWERCITATION']._serialized_end=2239
-  _globals['_EXPLOREDSOURCE']._serialized_start=2242
-  _globals['_EXPLOREDSOURCE']._serialized_end=2383
-  _globals['_ASKRESPONSE']._serialized_start=2386
-  _globals['_ASKRESPONSE']._serialized_end=2885
-  _globals['_ASKPROGRESS']._serialized_start=2887
-  _globals['_ASKPROGRESS']._serialized_end=2942
-  _globals['_ASKSTREAMREQUEST']._serialized_start=2944
-  _globals['_ASKSTREAMREQUEST']._serialized_end=3011
-  _globals['_ASKSTREAMRESPONSE']._serialized_start=3014
-  _globals['_ASKSTREAMRESPONSE']._serialized_end=3163
-  _globals['_GATEWAYSERVICE']._serialized_start=3747
-  _globals['_GATEWAYSERVICE']._serialized_end=4008
+  _globals['_SEARCHREQUEST']._serialized_end=764
+  _globals['_LEGRANK']._serialized_start=766
+  _globals['_LEGRANK']._serialized_end=842
+  _globals['_SEARCHRESULT']._serialized_start=845
+  _globals['_SEARCHRESULT']._serialized_end=1107
+  _globals['_DEGRADATION']._serialized_start=1110
+  _globals['_DEGRADATION']._serialized_end=1276
+  _globals['_STAGETIMING']._serialized_start=1278
+  _globals['_STAGETIMING']._serialized_end=1318
+  _globals['_LEGHIT']._serialized_start=1320
+  _globals['_LEGHIT']._serialized_end=1377
+  _globals['_LEGRESULT']._serialized_start=1379
+  _globals['_LEGRESULT']._serialized_end=1470
+  _globals['_SEARCHRESPONSE']._serialized_start=1473
+  _globals['_SEARCHRESPONSE']._serialized_end=1827
+  _globals['_ASKREQUEST']._serialized_start=1830
+  _globals['_ASKREQUEST']._serialized_end=2158
+  _globals['_ANSWERCITATION']._serialized_start=2161
+  _globals['_ANSWERCITATION']._serialized_end=2311
+  _globals['_EXPLOREDSOURCE']._serialized_start=2314
+  _globals['_EXPLOREDSOURCE']._serialized_end=2455
+  _globals['_ASKRESPONSE']._serialized_start=2458
+  _globals['_ASKRESPONSE']._serialized_end=2981
+  _globals['_ASKPROGRESS']._serialized_start=2983
+  _globals['_ASKPROGRESS']._serialized_end=3038
+  _globals['_ASKSTREAMREQUEST']._serialized_start=3040
+  _globals['_ASKSTREAMREQUEST']._serialized_end=3107
+  _globals['_ASKSTREAMRESPONSE']._serialized_start=3110
+  _globals['_ASKSTREAMRESPONSE']._serialized_end=3259
+  _globals['_GATEWAYSERVICE']._serialized_start=3843
+  _globals['_GATEWAYSERVICE']._serialized_end=4104
 # @@protoc_insertion_point(module_scope)
