@@ -213,6 +213,15 @@ class LLMPlanner:
         broad = (request.strategy or self.fallback.choose_strategy(request.query)) is Strategy.EXHAUSTIVE
         return room if broad or _DECOMPOSABLE.search(request.query) else 0
 
+    def _sub_queries(self, request: PlanInput, query: str, reply: dict[str, Any]) -> list[str]:
+        """The model's distinct, on-topic sub-queries, no more than were asked for (the model
+        may write more than the schema allows)."""
+        found: dict[str, str] = {}
+        for text in _texts(reply.get("sub_queries")):
+            if on_topic(text, query):
+                found.setdefault(word_key(text), text)
+        return list(found.values())[: self._sub_queries_wanted(request)]
+
     def post_process(self, request: PlanInput, reply: dict[str, Any]) -> RetrievalPlan:
         """The plan from the model's reply; raises LLMError (invalid_output) when its condensed
         question cannot be used."""
@@ -223,7 +232,7 @@ class LLMPlanner:
         passage = trim_passage(_text(reply.get("hyde"))) if request.hyde_mode is HydeMode.FUSION else ""
         if not on_topic(passage, query):
             passage = ""
-        rewrites = [*_texts(reply.get("sub_queries")), *_texts(reply.get("variations"))]
+        rewrites = [*self._sub_queries(request, query, reply), *_texts(reply.get("variations"))]
         return RetrievalPlan(
             strategy=strategy,
             pool_size=self.fallback.pools.for_strategy(strategy),
