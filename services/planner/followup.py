@@ -16,8 +16,9 @@ A follow-up's own words change the topic: a phrase sharing a word with it replac
 ("staging cluster" over "production cluster"), a name replaces the topic's last name ("Java"
 over "Python"), and anything else is added. The searched query is the topic's words in order.
 
-Bounds: the servicer caps the history's turns and characters; each turn and the query is read
-once by the planner's tokenizer (linear), the topic holds at most ``MAX_TOPIC_WORDS`` words of
+Bounds: the servicer caps the history's turns and characters; the rules read the query and at
+most the first ``MAX_TURN_CHARS`` of the last ``MAX_TOPIC_TURNS`` user turns, each once with the
+planner's tokenizer (linear), the topic holds at most ``MAX_TOPIC_WORDS`` words of
 at most ``MAX_WORD_CHARS`` characters, so a rewrite is at most ``MAX_REWRITE_CHARS`` long.
 """
 
@@ -37,6 +38,10 @@ MAX_WORD_CHARS = 64
 CUE_MAX_OWN_WORDS = 5
 ANAPHOR_MAX_OWN_WORDS = 3
 MAX_REWRITE_CHARS = MAX_TOPIC_WORDS * (MAX_WORD_CHARS + 1)
+# Only the last few user turns can hold the topic a follow-up leans on, and a question is short:
+# reading no more keeps a plan's cost flat however long the conversation.
+MAX_TOPIC_TURNS = 4
+MAX_TURN_CHARS = 2000
 
 # Anchored and without nested repetition: one linear pass at most over the query's start.
 _CONTINUATION = re.compile(
@@ -70,14 +75,13 @@ def standalone_query(query: str, history: Sequence[Turn]) -> str:
 
 
 def conversation_topic(history: Sequence[Turn]) -> Topic:
-    """The topic at the end of ``history``: each user turn starts a new one or, as a
-    follow-up, updates the current one."""
+    """The topic at the end of ``history``: each of the last user turns starts a new one or, as
+    a follow-up, updates the current one."""
     topic: Topic = []
-    for turn in history:
-        if not turn.user:
-            continue
-        own = _own_runs(turn.content)
-        if topic and is_follow_up(turn.content, own):
+    for turn in [t for t in history if t.user][-MAX_TOPIC_TURNS:]:
+        text = turn.content[:MAX_TURN_CHARS]
+        own = _own_runs(text)
+        if topic and is_follow_up(text, own):
             topic = _merge(topic, own)
         elif own:
             topic = _bounded(own)
