@@ -207,7 +207,16 @@ def largest_narrate(s: NarratorSettings) -> Any:
 
 
 def largest_plan(s: PlannerSettings) -> Any:
-    return planner_pb2.PlanRequest(query=text(s.planner_max_query_chars), max_variations=2**32 - 1)
+    turns = s.planner_max_history_turns
+    history = [
+        planner_pb2.Turn(
+            role=planner_pb2.TURN_ROLE_ASSISTANT, content=text(s.planner_max_history_chars // turns)
+        )
+        for _ in range(turns)
+    ]
+    return planner_pb2.PlanRequest(
+        query=text(s.planner_max_query_chars), max_variations=2**32 - 1, history=history
+    )
 
 
 LIMITS: list[tuple[str, Any, Callable[[Any], int], Callable[[Any], Any]]] = [

@@ -18,10 +18,9 @@ from typing import Any, TextIO
 from google.protobuf.json_format import MessageToDict
 
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
 from ragmesh_cli.channels import open_channel
-from ragmesh_cli.search import STRATEGIES, degradation_label, snippet
+from ragmesh_cli.search import STRATEGIES, degradation_label, read_history, searched_line, snippet
 
 DEFAULT_TIMEOUT_S = 120.0
 MODES = {"llm": gateway_pb2.ANSWER_MODE_LLM, "extractive": gateway_pb2.ANSWER_MODE_EXTRACTIVE}
@@ -30,7 +29,6 @@ HYDE_MODES = {
     "fusion": planner_pb2.HYDE_MODE_FUSION,
     "supplement": planner_pb2.HYDE_MODE_SUPPLEMENT,
 }
-ROLES = {"user": narrator_pb2.ROLE_USER, "assistant": narrator_pb2.ROLE_ASSISTANT}
 
 
 @dataclass
@@ -64,26 +62,6 @@ async def stream_ask(
     return TimedAnswer(answer, first, time.perf_counter() - started)
 
 
-def read_history(path: Path) -> list[narrator_pb2.ChatTurn]:
-    """A JSON list of {"role": "user"|"assistant", "content": "..."}, oldest first."""
-    try:
-        turns = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--history {path}: {exc}") from exc
-    if not isinstance(turns, list):
-        raise ValueError(f"--history {path}: expected a JSON list of turns")
-    history = []
-    for i, turn in enumerate(turns):
-        if (
-            not isinstance(turn, dict)
-            or turn.get("role") not in ROLES
-            or not isinstance(turn.get("content"), str)
-        ):
-            raise ValueError(f"--history {path}: turn {i} needs role user|assistant and a content string")
-        history.append(narrator_pb2.ChatTurn(role=ROLES[turn["role"]], content=turn["content"]))
-    return history
-
-
 def build_request(args: argparse.Namespace) -> gateway_pb2.AskRequest:
     if args.passages < 0:
         raise ValueError("--passages must be >= 0")
@@ -107,9 +85,11 @@ def build_request(args: argparse.Namespace) -> gateway_pb2.AskRequest:
     return request
 
 
-def format_answer(response: gateway_pb2.AskResponse) -> str:
+def format_answer(response: gateway_pb2.AskResponse, question: str = "") -> str:
     """The verified answer and everything a reader needs to check it."""
     lines = [response.answer]
+    if searched := searched_line(question, response.searched_query):
+        lines.append(f"\n{searched}")
     if response.citations:
         lines.append("\nsources:")
         for citation in response.citations:
@@ -167,7 +147,7 @@ async def run_ask(args: argparse.Namespace, address: str) -> int:
     if timed.first_token_s is not None:
         # What streamed was the model's draft; verification may have changed it.
         print("\n\nverified answer:")
-    print(format_answer(timed.response))
+    print(format_answer(timed.response, request.query))
     return 0
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
 from ragmesh_cli.channels import open_channel
 
@@ -30,6 +32,35 @@ LEG_NAMES = {
     gateway_pb2.LEG_EXACT: "exact",
 }
 _LEG_LETTERS = {gateway_pb2.LEG_DENSE: "D", gateway_pb2.LEG_BM25: "B", gateway_pb2.LEG_EXACT: "E"}
+ROLES = {"user": narrator_pb2.ROLE_USER, "assistant": narrator_pb2.ROLE_ASSISTANT}
+
+
+def read_history(path: Path) -> list[narrator_pb2.ChatTurn]:
+    """A JSON list of {"role": "user"|"assistant", "content": "..."}, oldest first."""
+    try:
+        turns = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--history {path}: {exc}") from exc
+    if not isinstance(turns, list):
+        raise ValueError(f"--history {path}: expected a JSON list of turns")
+    history = []
+    for i, turn in enumerate(turns):
+        if (
+            not isinstance(turn, dict)
+            or turn.get("role") not in ROLES
+            or not isinstance(turn.get("content"), str)
+        ):
+            raise ValueError(f"--history {path}: turn {i} needs role user|assistant and a content string")
+        history.append(narrator_pb2.ChatTurn(role=ROLES[turn["role"]], content=turn["content"]))
+    return history
+
+
+def searched_line(question: str, searched: str) -> str:
+    """ "searched: ..." when the query searched is not the question as asked (a follow-up's
+    standalone rewrite), else ""."""
+    if not searched or " ".join(searched.split()) == " ".join(question.split()):
+        return ""
+    return f"searched: {searched}"
 
 
 def parse_weights(spec: str) -> gateway_pb2.LegWeights:
@@ -182,10 +213,12 @@ def degradation_label(degradation: gateway_pb2.Degradation) -> str:
     return f"{stage}:{reason}"
 
 
-def format_response(response: gateway_pb2.SearchResponse) -> str:
+def format_response(response: gateway_pb2.SearchResponse, question: str = "") -> str:
     from ragmesh_cli.main import format_table
 
     lines: list[str] = []
+    if searched := searched_line(question, response.searched_query):
+        lines.append(searched)
     if response.results:
         rows = [
             (
@@ -237,8 +270,14 @@ async def run_search(args: argparse.Namespace, address: str) -> int:
     request = build_request(
         args, args.query, args.collection or "default", collapse=args.collapse, doc_ids=args.doc or ()
     )
+    if args.history:
+        request.history.extend(read_history(Path(args.history)))
     response = await search(address, request, timeout_of(args))
-    print(json.dumps(response_to_dict(response), indent=2) if args.json else format_response(response))
+    print(
+        json.dumps(response_to_dict(response), indent=2)
+        if args.json
+        else format_response(response, request.query)
+    )
     return 0
 
 
@@ -248,5 +287,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--collapse", action="store_true", help="one result per document (its best chunk)")
     parser.add_argument(
         "--doc", nargs="+", default=None, metavar="DOC_ID", help="search only these documents"
+    )
+    parser.add_argument(
+        "--history",
+        default=None,
+        metavar="FILE",
+        help="earlier turns, to search a follow-up in context: a JSON list of {role, content}",
     )
     parser.add_argument("--json", action="store_true", help="the whole response as one JSON object")

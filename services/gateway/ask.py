@@ -12,6 +12,7 @@ form is the same run with the text deltas ignored.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -176,6 +177,11 @@ class Asker:
         search_end = time.monotonic() + (end - time.monotonic()) * self.settings.gateway_ask_search_share
         with _deadline_scope(search_end):
             searched = await self.searcher.search(params.search)
+        # The extractor and narrator answer the question that was searched (a follow-up's
+        # standalone rewrite); the narrator also gets the conversation.
+        params = dataclasses.replace(
+            params, search=dataclasses.replace(params.search, query=searched.plan.searched_query)
+        )
         timings.update(searched.timings)
         timings["search"] = timings.pop("total", _ms(time.perf_counter() - started))
         evidence = self._evidence(searched, params)

@@ -13,6 +13,7 @@ deadline, is cancelled and reported as a degradation; the answer comes from the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Sequence
@@ -29,6 +30,7 @@ from meshkit.settings import GatewaySettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
+from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from ragmesh.reranker.v1 import reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
@@ -50,6 +52,11 @@ REASON_OF = {
     "deadline": DEADLINE,
     "breaker_open": BREAKER_OPEN,
     "invalid_output": INVALID_OUTPUT,
+}
+# The planner's name for each role of a conversation turn.
+TURN_ROLE = {
+    narrator_pb2.ROLE_USER: planner_pb2.TURN_ROLE_USER,
+    narrator_pb2.ROLE_ASSISTANT: planner_pb2.TURN_ROLE_ASSISTANT,
 }
 # Pool sizes of the fallback plan: the planner's seeds.
 PRECISE_POOL = 50
@@ -453,6 +460,9 @@ class Searcher:
 
         plan = await self._plan(params, deadline, degradations)
         timings["planner"] = _ms(time.perf_counter() - started)
+        # From here on every leg, the reranker and HyDE work on the query the plan searches (a
+        # follow-up's standalone rewrite); the outcome's plan says which it was.
+        params = dataclasses.replace(params, query=plan.searched_query)
         pool = min(max(params.pool_size or plan.pool_size, params.top_k), self.settings.gateway_max_pool_size)
         dense_texts = [*plan.variations, *([plan.hyde_passage] if plan.hyde_passage.strip() else [])]
         fanout = Fanout(
@@ -593,6 +603,7 @@ class Searcher:
             strategy=params.strategy,
             max_variations=params.max_variations,
             hyde_mode=params.hyde_mode,
+            history=[planner_pb2.Turn(role=TURN_ROLE[t.role], content=t.content) for t in params.history],
         )
         budget = min(self.settings.gateway_planner_timeout_s, PLANNER_SHARE * (deadline - time.monotonic()))
         try:
@@ -617,13 +628,15 @@ class Searcher:
             variations=[params.query],
             hyde_mode=planner_pb2.HYDE_MODE_OFF,
             planner="fallback",
+            searched_query=params.query,
         )
 
     def _usable_plan(self, plan: planner_pb2.Plan, params: SearchParams) -> planner_pb2.Plan:
-        """The plan as the legs will use it: the question first, no blanks or repeats, within
-        the gateway's limits (the plan is returned as used, so callers see what ran)."""
+        """The plan as the legs will use it: the searched query first, no blanks or repeats,
+        within the gateway's limits (the plan is returned as used, so callers see what ran)."""
         limit = params.max_variations or self.settings.gateway_max_variations
-        variations = list(dict.fromkeys([params.query, *(v for v in plan.variations if v.strip())]))
+        searched = self._searched_query(plan, params)
+        variations = list(dict.fromkeys([searched, *(v for v in plan.variations if v.strip())]))
         keywords = list(dict.fromkeys(k for k in plan.hard_keywords if k.strip()))
         usable = planner_pb2.Plan()
         usable.CopyFrom(plan)
@@ -632,7 +645,16 @@ class Searcher:
         usable.variations.extend(variations[:limit])
         del usable.hard_keywords[:]
         usable.hard_keywords.extend(keywords[: self.settings.gateway_max_keywords])
+        usable.searched_query = searched
         return usable
+
+    def _searched_query(self, plan: planner_pb2.Plan, params: SearchParams) -> str:
+        """The planner's standalone query, or the question as asked when the plan has none
+        (an older planner) or one outside the gateway's own query limits."""
+        searched = plan.searched_query
+        if not searched.strip() or len(searched) > self.settings.gateway_max_query_chars:
+            return params.query
+        return searched
 
     async def _hydrate(
         self, params: SearchParams, top: list[Fused], degradations: Degradations

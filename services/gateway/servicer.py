@@ -166,6 +166,7 @@ def to_ask_response(outcome: AskOutcome, params: AskParams) -> gateway_pb2.AskRe
         mode=gateway_pb2.ANSWER_MODE_LLM
         if answer.mode == narrator_pb2.NARRATION_MODE_LLM
         else gateway_pb2.ANSWER_MODE_EXTRACTIVE,
+        searched_query=outcome.search.plan.searched_query,
     )
     for citation in answer.citations:
         chunk = evidence[citation.number - 1].chunk
@@ -241,6 +242,7 @@ def to_response(outcome: SearchOutcome, params: SearchParams) -> gateway_pb2.Sea
         degradations=[_degradation_pb(d) for d in outcome.degradations],
         timings=[gateway_pb2.StageTiming(stage=stage, ms=ms) for stage, ms in outcome.timings.items()],
         reranked=outcome.reranked,
+        searched_query=outcome.plan.searched_query,
     )
     if params.include_leg_results:
         response.leg_results.extend(

@@ -43,6 +43,8 @@ class SearchParams:
     hyde_mode: planner_pb2.HydeMode = planner_pb2.HYDE_MODE_UNSPECIFIED
     # Metadata filter clauses (all must hold); empty: none.
     metadata_filter: tuple[Clause, ...] = ()
+    # Earlier turns of the conversation, oldest first (the planner rewrites a follow-up).
+    history: tuple[narrator_pb2.ChatTurn, ...] = ()
 
     def enabled(self, leg: str) -> bool:
         return self.weights[leg] > 0
@@ -110,6 +112,7 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
     rrf_k = request.rrf_k if request.HasField("rrf_k") else settings.gateway_rrf_k
     if rrf_k < 1:
         raise invalid_argument(f"rrf_k must be >= 1, got {rrf_k}")
+    _validate_history(list(request.history), settings)
     return SearchParams(
         collection=collection,
         query=request.query,
@@ -126,6 +129,7 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
         rerank_candidates=rerank_candidates,
         hyde_mode=request.hyde_mode,
         metadata_filter=_metadata_filter(request.filter),
+        history=tuple(request.history),
     )
 
 
@@ -148,10 +152,10 @@ def validate_ask(request: gateway_pb2.AskRequest, settings: GatewaySettings) -> 
         strategy=request.strategy,
         hyde_mode=request.hyde_mode,
         filter=request.filter,
+        history=request.history,
     )
     if request.HasField("rerank"):
         search.rerank = request.rerank
-    _validate_history(list(request.history), settings)
     return validate_search(search, settings), passages, mode
 
 

@@ -1,4 +1,5 @@
-"""The rule-based planner: same query, same plan, no model and no network.
+"""The rule-based planner: same query, same plan, no model and no network. A follow-up in a
+conversation is planned as its standalone rewrite (``followup.py``).
 
 It never writes a HyDE passage (that needs a language model), so its plans report HyDE as off;
 when an LLM is configured, ``hyde.WithHyde`` adds the passage or mode the request asked for.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from services.planner.followup import standalone_query
 from services.planner.keywords import extract_keywords, identifiers
 from services.planner.plan import HydeMode, PlanInput, RetrievalPlan, Strategy
 from services.planner.strategy import choose_strategy
@@ -35,13 +37,14 @@ class DeterministicPlanner:
         self.max_keywords = max_keywords
 
     async def plan(self, request: PlanInput) -> RetrievalPlan:
-        # A few regex passes over at most a few thousand characters: cheaper than a thread hop.
+        # Linear passes over a bounded query and history (about a millisecond): cheaper than a thread hop.
         return self.plan_sync(request)
 
     def plan_sync(self, request: PlanInput) -> RetrievalPlan:
-        query = request.query
+        query = standalone_query(request.query, request.history)
         keywords = extract_keywords(query, self.max_keywords)
-        strategy = request.strategy or self.choose_strategy(query)
+        # The question as asked says how broad it is; a rewrite keeps only its topic words.
+        strategy = request.strategy or self.choose_strategy(request.query)
         return RetrievalPlan(
             strategy=strategy,
             pool_size=self.pools.for_strategy(strategy),

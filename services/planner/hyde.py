@@ -129,7 +129,7 @@ class WithHyde:
         if passage:
             metrics.HYDE.labels("plan", "ok").inc()
         else:
-            passage = await self._fresh_passage(request.query, plan, time.monotonic() - started)
+            passage = await self._fresh_passage(plan.searched_query, plan, time.monotonic() - started)
         mode = HydeMode.FUSION if passage else HydeMode.OFF
         return dataclasses.replace(plan, hyde_mode=mode, hyde_passage=passage)
 

@@ -125,6 +125,14 @@ def capitalised_names(words: list[Token]) -> list[str]:
     return names
 
 
+def names_something(token: Token) -> bool:
+    """The token is a name, acronym or identifier on its own (a capital that merely starts a
+    sentence does not count): what a follow-up like "what about Java?" swaps for another."""
+    if is_identifier(token.text) or (_ACRONYM.match(token.text) and not _ROMAN.match(token.text)):
+        return token.lower not in STOPWORDS and token.lower not in _COMMON_CAPS
+    return not token.sentence_initial and _is_name_word(token)
+
+
 def _is_name_word(token: Token) -> bool:
     return (
         bool(_CAPITALISED.match(token.text))

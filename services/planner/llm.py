@@ -26,6 +26,17 @@ Post-processing rules:
   pulls in noise, so it is dropped.
 - hyde: asked for only in fusion mode, trimmed to two sentences and dropped when it shares no
   content word with the query (see ``hyde.py``; fusion then asks once more, by plain chat).
+- question (asked for only when the conversation has a user turn): the question condensed to
+  stand alone, searched instead of the question as asked. It must keep every content word of
+  the question, be at most ``MAX_QUESTION_CHARS`` long and not loop ("cluster cluster
+  cluster..."); anything else is invalid output, and the deterministic plan (with its own
+  follow-up rewrite, ``followup.py``) is given with a fallback. Every rule below then applies
+  to the condensed question, not the one asked.
+- sub_queries (asked for only for exhaustive questions: "compare X and Y", "list all...",
+  "which ... support ..."): up to ``MAX_SUB_QUERIES`` simpler searches that together answer
+  the question. They come right after the searched query among the variations (the gateway
+  searches every variation on the dense leg and fuses the lists), kept under the same rules
+  as the model's rewrites.
 """
 
 from __future__ import annotations
@@ -38,12 +49,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, create_model
 
+from meshkit.answering import content_words
 from meshkit.llm import LLM, LLMError
 from services.planner import metrics
 from services.planner.deterministic import DeterministicPlanner
 from services.planner.hyde import MAX_PASSAGE_CHARS, on_topic, trim_passage
 from services.planner.keywords import MAX_KEYWORD_CHARS, verbatim_keywords
-from services.planner.plan import Fallback, HydeMode, PlanInput, RetrievalPlan, Strategy
+from services.planner.plan import Fallback, HydeMode, PlanInput, RetrievalPlan, Strategy, Turn
 from services.planner.text import collapse_spaces, tokens, word_key
 from services.planner.variations import has_content, make_variations
 
@@ -59,6 +71,17 @@ BASE_TOKENS = 48
 TOKENS_PER_VARIATION = 64
 TOKENS_PER_KEYWORD = 16
 HYDE_TOKENS = 112
+QUESTION_TOKENS = 96
+TOKENS_PER_SUB_QUERY = 48
+# A condensed question: one sentence, a little longer than most questions.
+MAX_QUESTION_CHARS = 300
+MAX_SUB_QUERIES = 3
+# The conversation in the prompt: the last few turns, each cut short (the small model's context
+# is ~2000 tokens, and the last turns carry the topic).
+PROMPT_TURNS = 4
+PROMPT_TURN_CHARS = 240
+# A condensed question longer than this many words that repeats most of them is a decoding loop.
+LOOP_MIN_WORDS = 8
 
 SYSTEM_PROMPT = "You turn a question into a search plan. Reply with JSON only."
 
@@ -73,12 +96,34 @@ _StrategyField = Annotated[Literal["precise", "exhaustive"], BeforeValidator(_lo
 _VariationField = Annotated[str, WithJsonSchema({"type": "string", "maxLength": MAX_VARIATION_CHARS})]
 _KeywordField = Annotated[str, WithJsonSchema({"type": "string", "maxLength": SCHEMA_KEYWORD_CHARS})]
 _HydeField = Annotated[str, WithJsonSchema({"type": "string", "maxLength": MAX_PASSAGE_CHARS})]
+_QuestionField = Annotated[str, WithJsonSchema({"type": "string", "maxLength": MAX_QUESTION_CHARS})]
+# Asks for a comparison, an enumeration or every item with a property: several searches, one
+# per part, find more of the answer than one. Bounded repetition only (linear time).
+_DECOMPOSABLE = re.compile(
+    r"""\b(?:
+        compare | comparing | versus | vs\.? | differences?\s+between
+      | (?:list|name|enumerate)\s+(?:all|every|each)
+      | which\s+(?:[\w-]+\s+){0,4}(?:supports?|has|have|uses?|allows?|provides?|offers?|includes?)
+    )(?!\w)""",
+    re.IGNORECASE | re.VERBOSE,
+)
 
 
 @functools.lru_cache(maxsize=64)
-def plan_schema(variations: int, keywords: int, hyde: bool) -> type[BaseModel]:
+def plan_schema(
+    variations: int, keywords: int, hyde: bool, question: bool = False, sub_queries: int = 0
+) -> type[BaseModel]:
     """The reply's JSON schema; only the fields this request needs, so the model writes no more."""
-    fields: dict[str, Any] = {"strategy": (_StrategyField, ...)}
+    fields: dict[str, Any] = {}
+    if question:
+        # First, so the rest of the plan is written for the condensed question.
+        fields["question"] = (_QuestionField, ...)
+    fields["strategy"] = (_StrategyField, ...)
+    if sub_queries:
+        fields["sub_queries"] = (
+            list[_VariationField],
+            Field(default_factory=list, json_schema_extra={"maxItems": sub_queries}),
+        )
     if variations:
         fields["variations"] = (
             list[_VariationField],
@@ -94,20 +139,39 @@ def plan_schema(variations: int, keywords: int, hyde: bool) -> type[BaseModel]:
     return model
 
 
-def plan_messages(query: str, variations: int, keywords: int, hyde: bool) -> list[dict[str, str]]:
+def plan_messages(
+    query: str,
+    variations: int,
+    keywords: int,
+    hyde: bool,
+    history: tuple[Turn, ...] = (),
+    sub_queries: int = 0,
+) -> list[dict[str, str]]:
     # Terse "key = what" lines: the small model copies whole instruction sentences into its
     # answer, and the fewer prompt tokens the more of the shared context is left to reply in.
-    lines = [
-        f"Question: {query.strip()}",
-        "Reply with JSON:",
-        'strategy = "precise" (one fact) or "exhaustive" (overview, list, comparison)',
-    ]
+    lines = []
+    if history:
+        lines.append("Conversation:")
+        lines.extend(_prompt_turn(turn) for turn in history[-PROMPT_TURNS:])
+    lines += [f"Question: {query.strip()}", "Reply with JSON:"]
+    if history:
+        lines.append("question = the question rewritten to make sense without the conversation")
+    lines.append('strategy = "precise" (one fact) or "exhaustive" (overview, list, comparison)')
+    if sub_queries:
+        lines.append(f"sub_queries = up to {sub_queries} simpler searches, one per thing compared or listed")
     if variations:
         lines.append(f"variations = the question reworded, {variations} ways")
     lines.append(f"keywords = up to {keywords} names or codes from the question")
     if hyde:
         lines.append("hyde = a short answer, 1-2 sentences")
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n".join(lines)}]
+
+
+def _prompt_turn(turn: Turn) -> str:
+    text = collapse_spaces(turn.content[: PROMPT_TURN_CHARS * 2])
+    if len(text) > PROMPT_TURN_CHARS:
+        text = text[: PROMPT_TURN_CHARS - 1].rstrip() + "…"
+    return f"{'User' if turn.user else 'Assistant'}: {text}"
 
 
 class LLMPlanner:
@@ -122,34 +186,57 @@ class LLMPlanner:
     async def plan(self, request: PlanInput) -> RetrievalPlan:
         variations = request.max_variations - 1
         hyde = request.hyde_mode is HydeMode.FUSION
-        schema = plan_schema(variations, self.max_keywords, hyde)
+        history = tuple(request.history) if any(turn.user for turn in request.history) else ()
+        sub_queries = self._sub_queries_wanted(request)
+        schema = plan_schema(variations, self.max_keywords, hyde, bool(history), sub_queries)
         max_tokens = (
             BASE_TOKENS
             + TOKENS_PER_VARIATION * variations
             + TOKENS_PER_KEYWORD * self.max_keywords
             + (HYDE_TOKENS if hyde else 0)
+            + (QUESTION_TOKENS if history else 0)
+            + TOKENS_PER_SUB_QUERY * sub_queries
         )
+        messages = plan_messages(request.query, variations, self.max_keywords, hyde, history, sub_queries)
         try:
-            reply = await self.llm.structured(
-                plan_messages(request.query, variations, self.max_keywords, hyde),
-                schema,
-                max_tokens=max_tokens,
-                timeout=self.timeout_s,
-            )
+            reply = await self.llm.structured(messages, schema, max_tokens=max_tokens, timeout=self.timeout_s)
+            return self.post_process(request, reply.model_dump())
         except LLMError as exc:
             return self._fall_back(request, exc)
-        return self.post_process(request, reply.model_dump())
+
+    def _sub_queries_wanted(self, request: PlanInput) -> int:
+        """How many sub-queries to ask for: some only for an exhaustive question, and no more
+        than the variations left after the searched query."""
+        room = min(MAX_SUB_QUERIES, request.max_variations - 1)
+        if room <= 0:
+            return 0
+        broad = (request.strategy or self.fallback.choose_strategy(request.query)) is Strategy.EXHAUSTIVE
+        return room if broad or _DECOMPOSABLE.search(request.query) else 0
+
+    def _sub_queries(self, request: PlanInput, query: str, reply: dict[str, Any]) -> list[str]:
+        """The model's distinct, on-topic sub-queries, no more than were asked for (the model
+        may write more than the schema allows)."""
+        found: dict[str, str] = {}
+        for text in _texts(reply.get("sub_queries")):
+            if on_topic(text, query):
+                found.setdefault(word_key(text), text)
+        return list(found.values())[: self._sub_queries_wanted(request)]
 
     def post_process(self, request: PlanInput, reply: dict[str, Any]) -> RetrievalPlan:
+        """The plan from the model's reply; raises LLMError (invalid_output) when its condensed
+        question cannot be used."""
         query = request.query
-        strategy = request.strategy or self._strategy(query, Strategy(reply["strategy"]))
+        if "question" in reply:
+            query = standalone_question(query, reply["question"])
+        strategy = request.strategy or self._strategy(request.query, Strategy(reply["strategy"]))
         passage = trim_passage(_text(reply.get("hyde"))) if request.hyde_mode is HydeMode.FUSION else ""
         if not on_topic(passage, query):
             passage = ""
+        rewrites = [*self._sub_queries(request, query, reply), *_texts(reply.get("variations"))]
         return RetrievalPlan(
             strategy=strategy,
             pool_size=self.fallback.pools.for_strategy(strategy),
-            variations=tuple(_variations(query, _texts(reply.get("variations")), request.max_variations)),
+            variations=tuple(_variations(query, rewrites, request.max_variations)),
             hard_keywords=tuple(self._keywords(query, _texts(reply.get("keywords")))),
             hyde_passage=passage,
             hyde_mode=HydeMode.FUSION if passage else HydeMode.OFF,
@@ -157,6 +244,7 @@ class LLMPlanner:
         )
 
     def _strategy(self, query: str, suggested: Strategy) -> Strategy:
+        # The question as asked: a condensed one may drop the cue ("compare") the rules look for.
         if suggested is Strategy.EXHAUSTIVE:
             return suggested
         return self.fallback.choose_strategy(query)
@@ -180,6 +268,24 @@ class LLMPlanner:
                 seen.add(found.lower())
                 result.append(found)
         return result
+
+
+def standalone_question(query: str, condensed: Any) -> str:
+    """The model's condensed form of ``query``, checked; raises LLMError (invalid_output) when
+    it is empty, too long, loops or lost a content word of the question."""
+    text = collapse_spaces(_text(condensed).strip(" \t\n\"'\u201c\u201d"))
+    text = re.sub(r"^(?:standalone\s+)?question\s*:\s*", "", text, count=1, flags=re.IGNORECASE)
+    if not text:
+        raise LLMError("invalid_output", "the model wrote no standalone question")
+    if len(text) > MAX_QUESTION_CHARS:
+        raise LLMError("invalid_output", f"the standalone question is over {MAX_QUESTION_CHARS} characters")
+    words = [t.lower for t in tokens(text)]
+    if len(words) > LOOP_MIN_WORDS and len(set(words)) * 2 < len(words):
+        raise LLMError("invalid_output", "the standalone question repeats itself")
+    lost = content_words(query) - content_words(text)
+    if lost:
+        raise LLMError("invalid_output", f"the standalone question lost {len(lost)} word(s) of the question")
+    return text
 
 
 def _variations(query: str, rewrites: list[str], limit: int) -> list[str]:

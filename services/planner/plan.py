@@ -23,6 +23,14 @@ class HydeMode(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Turn:
+    """An earlier turn of the conversation."""
+
+    user: bool  # False: the assistant's
+    content: str
+
+
+@dataclass(frozen=True)
 class PlanInput:
     """A validated request."""
 
@@ -32,6 +40,8 @@ class PlanInput:
     # The servicer passes the mode resolved against the server default and the LLM's presence
     # (see ``hyde.py``); None reads as off.
     hyde_mode: HydeMode | None
+    # Earlier turns, oldest first, within the servicer's limits.
+    history: tuple[Turn, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,12 +56,17 @@ class Fallback:
 class RetrievalPlan:
     strategy: Strategy
     pool_size: int
-    variations: tuple[str, ...]  # the original query first
+    # The searched query first: the request's query, or a follow-up's standalone rewrite.
+    variations: tuple[str, ...]
     hard_keywords: tuple[str, ...]
     hyde_passage: str
     hyde_mode: HydeMode  # what the plan actually does, not what was asked
     planner: str
     fallback: Fallback | None = None  # set when an LLM plan was wanted but could not be had
+
+    @property
+    def searched_query(self) -> str:
+        return self.variations[0]
 
 
 class Planner(Protocol):

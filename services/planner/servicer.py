@@ -4,6 +4,8 @@ the HyDE writer for a passage) and maps it to the wire. Planners know nothing of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from grpc import aio
 
 from meshkit.errors import failed_precondition, invalid_argument, unavailable
@@ -16,7 +18,7 @@ from services.planner import metrics
 from services.planner.deterministic import DeterministicPlanner, PoolSizes
 from services.planner.hyde import HydeWriter, WithHyde, resolve_hyde_mode
 from services.planner.llm import LLMPlanner
-from services.planner.plan import HydeMode, PlanInput, Planner, RetrievalPlan, Strategy
+from services.planner.plan import HydeMode, PlanInput, Planner, RetrievalPlan, Strategy, Turn
 
 _STRATEGY_FROM_PB = {
     planner_pb2.STRATEGY_UNSPECIFIED: None,
@@ -31,6 +33,9 @@ _HYDE_FROM_PB = {
     planner_pb2.HYDE_MODE_SUPPLEMENT: HydeMode.SUPPLEMENT,
 }
 _HYDE_TO_PB = {h: pb for pb, h in _HYDE_FROM_PB.items() if h is not None}
+_FROM_USER = {planner_pb2.TURN_ROLE_USER: True, planner_pb2.TURN_ROLE_ASSISTANT: False}
+# Protobuf framing of one history turn (tag, length, role) over its text.
+TURN_OVERHEAD_BYTES = 16
 
 
 class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
@@ -101,7 +106,28 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 limits.planner_hyde_mode,
                 llm_configured=self.hyde is not None,
             ),
+            history=self.validate_history(request.history),
         )
+
+    def validate_history(self, history: Sequence[planner_pb2.Turn]) -> tuple[Turn, ...]:
+        limits = self.settings
+        if len(history) > limits.planner_max_history_turns:
+            raise invalid_argument(
+                f"history has {len(history)} turns, the limit is {limits.planner_max_history_turns}"
+            )
+        total = sum(len(turn.content) for turn in history)
+        if total > limits.planner_max_history_chars:
+            raise invalid_argument(
+                f"history is {total} characters, the limit is {limits.planner_max_history_chars}"
+            )
+        turns = []
+        for i, turn in enumerate(history):
+            if turn.role not in _FROM_USER:
+                raise invalid_argument(f"history[{i}].role must be TURN_ROLE_USER or TURN_ROLE_ASSISTANT")
+            if not turn.content.strip():
+                raise invalid_argument(f"history[{i}].content is empty")
+            turns.append(Turn(user=_FROM_USER[turn.role], content=turn.content))
+        return tuple(turns)
 
 
 def plan_to_pb(plan: RetrievalPlan) -> planner_pb2.Plan:
@@ -113,6 +139,7 @@ def plan_to_pb(plan: RetrievalPlan) -> planner_pb2.Plan:
         hyde_passage=plan.hyde_passage,
         hyde_mode=_HYDE_TO_PB[plan.hyde_mode],
         planner=plan.planner,
+        searched_query=plan.searched_query,
     )
 
 
@@ -157,7 +184,11 @@ def build_spec(
         on_stop=on_stop,
         multiprocess_safe=True,
         callers=CALLERS,
-        # A query and a few small fields.
-        max_request_bytes=text_request_bytes(chars=settings.planner_max_query_chars),
+        # A query, a conversation and a few small fields.
+        max_request_bytes=text_request_bytes(
+            items=settings.planner_max_history_turns,
+            item_overhead=TURN_OVERHEAD_BYTES,
+            chars=settings.planner_max_query_chars + settings.planner_max_history_chars,
+        ),
         max_concurrent_rpcs=512,
     )

@@ -86,32 +86,36 @@ def focus_form(query: str) -> str:
 
 
 def _content_phrases(query: str) -> list[list[str]]:
+    return [[token.text for token in run] for run in content_runs(query)]
+
+
+def content_runs(query: str) -> list[list[Token]]:
     """Runs of content words after the request framing, split at function words and clause
-    punctuation; a quoted phrase is one run of its own, kept verbatim."""
-    phrases: list[list[str]] = []
+    punctuation; a quoted phrase is one run of its own, kept verbatim as one token."""
+    runs: list[list[Token]] = []
     for segment in split_quoted(_REQUEST_PREFIX.sub("", query.strip(), count=1)):
         if segment.quoted:
-            phrases.append([segment.text])
+            runs.append([Token(segment.text, sentence_initial=False, ends_clause=True)])
         else:
-            phrases.extend(_plain_phrases(segment))
-    return phrases
+            runs.extend(_plain_runs(segment))
+    return runs
 
 
-def _plain_phrases(segment: Segment) -> list[list[str]]:
-    phrases: list[list[str]] = []
-    run: list[str] = []
+def _plain_runs(segment: Segment) -> list[list[Token]]:
+    runs: list[list[Token]] = []
+    run: list[Token] = []
     for token in tokens(segment.text):
         if _is_content(token):
-            run.append(token.text)
+            run.append(token)
         elif run:
-            phrases.append(run)
+            runs.append(run)
             run = []
         if token.ends_clause and run:
-            phrases.append(run)
+            runs.append(run)
             run = []
     if run:
-        phrases.append(run)
-    return phrases
+        runs.append(run)
+    return runs
 
 
 def _is_content(token: Token) -> bool:

@@ -18,6 +18,7 @@ import pytest
 
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
+from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
 from ragmesh_cli import evaluation, metrics, search
 from ragmesh_cli.documents import InputError
@@ -254,6 +255,10 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
             ],
             degradations=[gateway_pb2.Degradation(stage=gateway_pb2.STAGE_EMBEDDER)] if degraded else [],
             timings=[gateway_pb2.StageTiming(stage="total", ms=3.0)],
+            # A conversation makes the fake "rewrite" the query.
+            searched_query=f"{request.history[0].content} {request.query}"
+            if request.history
+            else request.query,
         )
 
 
@@ -289,6 +294,36 @@ def test_search_command_prints_table_json_and_errors(
     assert fake_servers.requests[-1].collection == "default"
     assert main(["search", "q", "--collection", "forbidden"]) == 1
     assert capsys.readouterr().err.strip() == "error: INVALID_ARGUMENT: collection 'forbidden' is not allowed"
+
+
+def test_search_with_history_prints_the_query_searched_when_it_differs(
+    fake_servers: FakeGateway, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    history = tmp_path / "history.json"
+    history.write_text(
+        json.dumps([{"role": "user", "content": "find alpha"}, {"role": "assistant", "content": "d3 [1]"}])
+    )
+    assert main(["search", "and beta?", "--history", str(history)]) == 0
+    assert "searched: find alpha and beta?" in capsys.readouterr().out
+    request = fake_servers.requests[-1]
+    assert [(t.role, t.content) for t in request.history] == [
+        (narrator_pb2.ROLE_USER, "find alpha"),
+        (narrator_pb2.ROLE_ASSISTANT, "d3 [1]"),
+    ]
+    assert main(["search", "find alpha"]) == 0
+    assert "searched:" not in capsys.readouterr().out
+    history.write_text(json.dumps([{"role": "system", "content": "x"}]))
+    assert main(["search", "and beta?", "--history", str(history)]) == 1
+    assert "turn 0 needs role user|assistant" in capsys.readouterr().err
+
+
+def test_ask_shows_the_query_searched_when_it_differs() -> None:
+    from ragmesh_cli.ask import format_answer
+
+    response = gateway_pb2.AskResponse(answer="Three nodes [1].", searched_query="staging cluster configured")
+    assert "searched: staging cluster configured" in format_answer(response, "and for staging?")
+    same = gateway_pb2.AskResponse(answer="Five nodes [1].", searched_query="How many nodes?")
+    assert "searched:" not in format_answer(same, "How  many nodes?")
 
 
 def test_eval_command_reports_every_system_and_compares_runs(

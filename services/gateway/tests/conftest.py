@@ -1,8 +1,9 @@
 """Fake downstreams (planner, embedder, two index shards, sparse, reranker, extractor, narrator) on
 real gRPC servers, and a real gateway in front of them, so deadlines, retries and breakers play out
 as in production. Each fake method's behaviour is set per test: ok, fail (UNAVAILABLE), slow,
-missing (NOT_FOUND); the reranker also has unknown_id (its reply names a passage it was not sent),
-the planner llm_fallback (it planned without its LLM), the extractor and narrator degraded (their
+missing (NOT_FOUND); the planner rewrites the query when it gets a conversation (huge_rewrite: a
+rewrite over every limit); the reranker also has unknown_id (its reply names a passage it was not
+sent), the planner llm_fallback (it planned without its LLM), the extractor and narrator degraded (their
 LLM failed, they answered without it) and the narrator cut (the stream breaks after one delta)."""
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ SHARD_CHUNKS = [["c0", "c2"], ["c1", "c3"]]
 BM25_RANKING = ["c2", "c0", "c4"]
 EXACT_RANKING = ["c4"]
 KEYWORDS = ["ZX-81"]
+STANDALONE_PREFIX = "standalone: "
 HYDE_PASSAGE = "A hypothetical passage that answers the question."
 NARRATOR_DELTAS = ["The answer ", "is here [1]."]
 # The fake cross-encoder's score of each chunk, whatever the query: c2 is under the threshold.
@@ -89,13 +91,18 @@ class FakePlanner(planner_pb2_grpc.PlannerServiceServicer):
 
     async def Plan(self, request: Any, context: aio.ServicerContext) -> planner_pb2.PlanResponse:
         await self.fakes.act("planner", request, context)
+        # With a conversation, the fake "rewrites" the question: STANDALONE_PREFIX + the last turn.
+        searched = f"{STANDALONE_PREFIX}{request.history[-1].content}" if request.history else request.query
+        if self.fakes.behaviour.get("planner") == "huge_rewrite":
+            searched = "x" * 100_000
         plan = planner_pb2.Plan(
             strategy=planner_pb2.STRATEGY_PRECISE,
             pool_size=50,
-            variations=[request.query, f"{request.query} rephrased"],
+            variations=[searched, f"{searched} rephrased"],
             hard_keywords=KEYWORDS,
             hyde_mode=request.hyde_mode or planner_pb2.HYDE_MODE_OFF,
             planner="deterministic",
+            searched_query=searched,
         )
         if self.fakes.behaviour.get("planner") == "llm_fallback":
             return planner_pb2.PlanResponse(

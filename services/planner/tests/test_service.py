@@ -15,8 +15,18 @@ from ragmesh.planner.v1 import planner_pb2_grpc
 from services.planner.servicer import build_spec
 
 SETTINGS = PlannerSettings(
-    port=0, log_format="text", planner_max_query_chars=200, planner_max_variations=5, planner_max_keywords=3
+    port=0,
+    log_format="text",
+    planner_max_query_chars=200,
+    planner_max_variations=5,
+    planner_max_keywords=3,
+    planner_max_history_turns=4,
+    planner_max_history_chars=1000,
 )
+
+
+def turn(content: str, role: pb.TurnRole = pb.TURN_ROLE_USER) -> pb.Turn:
+    return pb.Turn(role=role, content=content)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +97,10 @@ async def test_same_request_same_plan(stub: planner_pb2_grpc.PlannerServiceStub)
         (pb.PlanRequest(query="ok", max_variations=6), "limit is 5"),
         (pb.PlanRequest(query="ok", strategy=cast(pb.Strategy, 7)), "unknown strategy"),
         (pb.PlanRequest(query="ok", hyde_mode=cast(pb.HydeMode, 9)), "unknown hyde_mode"),
+        (pb.PlanRequest(query="ok", history=[turn("a")] * 5), "history has 5 turns, the limit is 4"),
+        (pb.PlanRequest(query="ok", history=[turn("a" * 501)] * 2), "history is 1002 characters"),
+        (pb.PlanRequest(query="ok", history=[pb.Turn(content="who?")]), "history[0].role"),
+        (pb.PlanRequest(query="ok", history=[turn("hi"), turn(" \n")]), "history[1].content is empty"),
     ],
 )
 async def test_invalid_requests(
@@ -96,6 +110,25 @@ async def test_invalid_requests(
         await stub.Plan(request_)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in (caught.value.details() or "")
+
+
+async def test_a_follow_up_is_planned_as_its_standalone_query(
+    stub: planner_pb2_grpc.PlannerServiceStub,
+) -> None:
+    history = [
+        turn("How is the production cluster configured?"),
+        turn("It runs five nodes [1].", pb.TURN_ROLE_ASSISTANT),
+    ]
+    reply = await stub.Plan(pb.PlanRequest(query="and for the staging cluster?", history=history))
+    assert reply.plan.searched_query == reply.plan.variations[0] == "staging cluster configured"
+    standalone = await stub.Plan(pb.PlanRequest(query="What is Kubernetes?", history=history))
+    assert standalone.plan.searched_query == "What is Kubernetes?"
+
+
+async def test_history_at_the_limit_is_accepted(stub: planner_pb2_grpc.PlannerServiceStub) -> None:
+    history = [turn("\u00e9" * 250)] * 4
+    reply = await stub.Plan(pb.PlanRequest(query="\u00e9" * 200, history=history))
+    assert reply.plan.variations
 
 
 async def test_query_at_the_limit_is_accepted(stub: planner_pb2_grpc.PlannerServiceStub) -> None:

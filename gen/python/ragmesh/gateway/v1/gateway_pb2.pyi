@@ -85,7 +85,7 @@ class LegWeights(_message.Message):
     def __init__(self, dense: _Optional[float] = ..., bm25: _Optional[float] = ..., exact: _Optional[float] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size", "rerank", "rerank_candidates", "hyde_mode", "filter")
+    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size", "rerank", "rerank_candidates", "hyde_mode", "filter", "history")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class SearchRequest(_message.Message):
     RERANK_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     HYDE_MODE_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     collection: str
     query: str
     top_k: int
@@ -116,7 +117,8 @@ class SearchRequest(_message.Message):
     rerank_candidates: int
     hyde_mode: _planner_pb2.HydeMode
     filter: _common_pb2.MetadataFilter
-    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ..., rerank: _Optional[bool] = ..., rerank_candidates: _Optional[int] = ..., hyde_mode: _Optional[_Union[_planner_pb2.HydeMode, str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ...) -> None: ...
+    history: _containers.RepeatedCompositeFieldContainer[_narrator_pb2.ChatTurn]
+    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ..., rerank: _Optional[bool] = ..., rerank_candidates: _Optional[int] = ..., hyde_mode: _Optional[_Union[_planner_pb2.HydeMode, str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ..., history: _Optional[_Iterable[_Union[_narrator_pb2.ChatTurn, _Mapping]]] = ...) -> None: ...
 
 class LegRank(_message.Message):
     __slots__ = ("leg", "rank", "score")
@@ -202,7 +204,7 @@ class LegResult(_message.Message):
     def __init__(self, leg: _Optional[_Union[Leg, str]] = ..., hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("results", "plan", "degradations", "timings", "leg_results", "reranked", "fused_hits")
+    __slots__ = ("results", "plan", "degradations", "timings", "leg_results", "reranked", "fused_hits", "searched_query")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     DEGRADATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +212,7 @@ class SearchResponse(_message.Message):
     LEG_RESULTS_FIELD_NUMBER: _ClassVar[int]
     RERANKED_FIELD_NUMBER: _ClassVar[int]
     FUSED_HITS_FIELD_NUMBER: _ClassVar[int]
+    SEARCHED_QUERY_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[SearchResult]
     plan: _planner_pb2.Plan
     degradations: _containers.RepeatedCompositeFieldContainer[Degradation]
@@ -217,7 +220,8 @@ class SearchResponse(_message.Message):
     leg_results: _containers.RepeatedCompositeFieldContainer[LegResult]
     reranked: bool
     fused_hits: _containers.RepeatedCompositeFieldContainer[LegHit]
-    def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., leg_results: _Optional[_Iterable[_Union[LegResult, _Mapping]]] = ..., reranked: _Optional[bool] = ..., fused_hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ...) -> None: ...
+    searched_query: str
+    def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., leg_results: _Optional[_Iterable[_Union[LegResult, _Mapping]]] = ..., reranked: _Optional[bool] = ..., fused_hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ..., searched_query: _Optional[str] = ...) -> None: ...
 
 class AskRequest(_message.Message):
     __slots__ = ("collection", "query", "passages", "doc_ids", "mode", "history", "hyde_mode", "rerank", "strategy", "include_facts", "filter")
@@ -289,7 +293,7 @@ class ExploredSource(_message.Message):
     def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., preview: _Optional[str] = ..., rerank_score: _Optional[float] = ..., cited: _Optional[bool] = ...) -> None: ...
 
 class AskResponse(_message.Message):
-    __slots__ = ("answer", "answered", "citations", "sentences", "contradictions", "sources", "degradations", "timings", "plan", "mode", "facts")
+    __slots__ = ("answer", "answered", "citations", "sentences", "contradictions", "sources", "degradations", "timings", "plan", "mode", "facts", "searched_query")
     ANSWER_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_FIELD_NUMBER: _ClassVar[int]
     CITATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +305,7 @@ class AskResponse(_message.Message):
     PLAN_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     FACTS_FIELD_NUMBER: _ClassVar[int]
+    SEARCHED_QUERY_FIELD_NUMBER: _ClassVar[int]
     answer: str
     answered: bool
     citations: _containers.RepeatedCompositeFieldContainer[AnswerCitation]
@@ -312,7 +317,8 @@ class AskResponse(_message.Message):
     plan: _planner_pb2.Plan
     mode: AnswerMode
     facts: _containers.RepeatedCompositeFieldContainer[_extractor_pb2.Fact]
-    def __init__(self, answer: _Optional[str] = ..., answered: _Optional[bool] = ..., citations: _Optional[_Iterable[_Union[AnswerCitation, _Mapping]]] = ..., sentences: _Optional[_Iterable[_Union[_narrator_pb2.Sentence, _Mapping]]] = ..., contradictions: _Optional[_Iterable[_Union[_narrator_pb2.Contradiction, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[ExploredSource, _Mapping]]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., mode: _Optional[_Union[AnswerMode, str]] = ..., facts: _Optional[_Iterable[_Union[_extractor_pb2.Fact, _Mapping]]] = ...) -> None: ...
+    searched_query: str
+    def __init__(self, answer: _Optional[str] = ..., answered: _Optional[bool] = ..., citations: _Optional[_Iterable[_Union[AnswerCitation, _Mapping]]] = ..., sentences: _Optional[_Iterable[_Union[_narrator_pb2.Sentence, _Mapping]]] = ..., contradictions: _Optional[_Iterable[_Union[_narrator_pb2.Contradiction, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[ExploredSource, _Mapping]]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., mode: _Optional[_Union[AnswerMode, str]] = ..., facts: _Optional[_Iterable[_Union[_extractor_pb2.Fact, _Mapping]]] = ..., searched_query: _Optional[str] = ...) -> None: ...
 
 class AskProgress(_message.Message):
     __slots__ = ("stage", "ms", "count")

@@ -24,27 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n ragmesh/planner/v1/planner.proto\x12\x12ragmesh.planner.v1\"\x95\x01\n\x0bPlanRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12.\n\x08strategy\x18\x02 \x01(\x0e\x32\x1c.ragmesh.planner.v1.Strategy\x12\x16\n\x0emax_variations\x18\x03 \x01(\r\x12/\n\thyde_mode\x18\x04 \x01(\x0e\x32\x1c.ragmesh.planner.v1.HydeMode\"\xcc\x01\n\x04Plan\x12.\n\x08strategy\x18\x01 \x01(\x0e\x32\x1c.ragmesh.planner.v1.Strategy\x12\x11\n\tpool_size\x18\x02 \x01(\r\x12\x12\n\nvariations\x18\x03 \x03(\t\x12\x15\n\rhard_keywords\x18\x04 \x03(\t\x12\x14\n\x0chyde_passage\x18\x05 \x01(\t\x12/\n\thyde_mode\x18\x06 \x01(\x0e\x32\x1c.ragmesh.planner.v1.HydeMode\x12\x0f\n\x07planner\x18\x07 \x01(\t\"i\n\x0cPlanResponse\x12&\n\x04plan\x18\x01 \x01(\x0b\x32\x18.ragmesh.planner.v1.Plan\x12\x17\n\x0f\x66\x61llback_reason\x18\x02 \x01(\t\x12\x18\n\x10\x66\x61llback_message\x18\x03 \x01(\t\"\x1c\n\x0bHydeRequest\x12\r\n\x05query\x18\x01 \x01(\t\"\x1f\n\x0cHydeResponse\x12\x0f\n\x07passage\x18\x01 \x01(\t*S\n\x08Strategy\x12\x18\n\x14STRATEGY_UNSPECIFIED\x10\x00\x12\x14\n\x10STRATEGY_PRECISE\x10\x01\x12\x17\n\x13STRATEGY_EXHAUSTIVE\x10\x02*h\n\x08HydeMode\x12\x19\n\x15HYDE_MODE_UNSPECIFIED\x10\x00\x12\x11\n\rHYDE_MODE_OFF\x10\x01\x12\x14\n\x10HYDE_MODE_FUSION\x10\x02\x12\x18\n\x14HYDE_MODE_SUPPLEMENT\x10\x03\x32\xa6\x01\n\x0ePlannerService\x12I\n\x04Plan\x12\x1f.ragmesh.planner.v1.PlanRequest\x1a .ragmesh.planner.v1.PlanResponse\x12I\n\x04Hyde\x12\x1f.ragmesh.planner.v1.HydeRequest\x1a .ragmesh.planner.v1.HydeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n ragmesh/planner/v1/planner.proto\x12\x12ragmesh.planner.v1\"\xc0\x01\n\x0bPlanRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12.\n\x08strategy\x18\x02 \x01(\x0e\x32\x1c.ragmesh.planner.v1.Strategy\x12\x16\n\x0emax_variations\x18\x03 \x01(\r\x12/\n\thyde_mode\x18\x04 \x01(\x0e\x32\x1c.ragmesh.planner.v1.HydeMode\x12)\n\x07history\x18\x05 \x03(\x0b\x32\x18.ragmesh.planner.v1.Turn\"C\n\x04Turn\x12*\n\x04role\x18\x01 \x01(\x0e\x32\x1c.ragmesh.planner.v1.TurnRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xe4\x01\n\x04Plan\x12.\n\x08strategy\x18\x01 \x01(\x0e\x32\x1c.ragmesh.planner.v1.Strategy\x12\x11\n\tpool_size\x18\x02 \x01(\r\x12\x12\n\nvariations\x18\x03 \x03(\t\x12\x15\n\rhard_keywords\x18\x04 \x03(\t\x12\x14\n\x0chyde_passage\x18\x05 \x01(\t\x12/\n\thyde_mode\x18\x06 \x01(\x0e\x32\x1c.ragmesh.planner.v1.HydeMode\x12\x0f\n\x07planner\x18\x07 \x01(\t\x12\x16\n\x0esearched_query\x18\x08 \x01(\t\"i\n\x0cPlanResponse\x12&\n\x04plan\x18\x01 \x01(\x0b\x32\x18.ragmesh.planner.v1.Plan\x12\x17\n\x0f\x66\x61llback_reason\x18\x02 \x01(\t\x12\x18\n\x10\x66\x61llback_message\x18\x03 \x01(\t\"\x1c\n\x0bHydeRequest\x12\r\n\x05query\x18\x01 \x01(\t\"\x1f\n\x0cHydeResponse\x12\x0f\n\x07passage\x18\x01 \x01(\t*S\n\x08Strategy\x12\x18\n\x14STRATEGY_UNSPECIFIED\x10\x00\x12\x14\n\x10STRATEGY_PRECISE\x10\x01\x12\x17\n\x13STRATEGY_EXHAUSTIVE\x10\x02*h\n\x08HydeMode\x12\x19\n\x15HYDE_MODE_UNSPECIFIED\x10\x00\x12\x11\n\rHYDE_MODE_OFF\x10\x01\x12\x14\n\x10HYDE_MODE_FUSION\x10\x02\x12\x18\n\x14HYDE_MODE_SUPPLEMENT\x10\x03*R\n\x08TurnRole\x12\x19\n\x15TURN_ROLE_UNSPECIFIED\x10\x00\x12\x12\n\x0eTURN_ROLE_USER\x10\x01\x12\x17\n\x13TURN_ROLE_ASSISTANT\x10\x02\x32\xa6\x01\n\x0ePlannerService\x12I\n\x04Plan\x12\x1f.ragmesh.planner.v1.PlanRequest\x1a .ragmesh.planner.v1.PlanResponse\x12I\n\x04Hyde\x12\x1f.ragmesh.planner.v1.HydeRequest\x1a .ragmesh.planner.v1.HydeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragmesh.planner.v1.planner_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STRATEGY']._serialized_start=585
-  _globals['_STRATEGY']._serialized_end=668
-  _globals['_HYDEMODE']._serialized_start=670
-  _globals['_HYDEMODE']._serialized_end=774
+  _globals['_STRATEGY']._serialized_start=721
+  _globals['_STRATEGY']._serialized_end=804
+  _globals['_HYDEMODE']._serialized_start=806
+  _globals['_HYDEMODE']._serialized_end=910
+  _globals['_TURNROLE']._serialized_start=912
+  _globals['_TURNROLE']._serialized_end=994
   _globals['_PLANREQUEST']._serialized_start=57
-  _globals['_PLANREQUEST']._serialized_end=206
-  _globals['_PLAN']._serialized_start=209
-  _globals['_PLAN']._serialized_end=413
-  _globals['_PLANRESPONSE']._serialized_start=415
-  _globals['_PLANRESPONSE']._serialized_end=520
-  _globals['_HYDEREQUEST']._serialized_start=522
-  _globals['_HYDEREQUEST']._serialized_end=550
-  _globals['_HYDERESPONSE']._serialized_start=552
-  _globals['_HYDERESPONSE']._serialized_end=583
-  _globals['_PLANNERSERVICE']._serialized_start=777
-  _globals['_PLANNERSERVICE']._serialized_end=943
+  _globals['_PLANREQUEST']._serialized_end=249
+  _globals['_TURN']._serialized_start=251
+  _globals['_TURN']._serialized_end=318
+  _globals['_PLAN']._serialized_start=321
+  _globals['_PLAN']._serialized_end=549
+  _globals['_PLANRESPONSE']._serialized_start=551
+  _globals['_PLANRESPONSE']._serialized_end=656
+  _globals['_HYDEREQUEST']._serialized_start=658
+  _globals['_HYDEREQUEST']._serialized_end=686
+  _globals['_HYDERESPONSE']._serialized_start=688
+  _globals['_HYDERESPONSE']._serialized_end=719
+  _globals['_PLANNERSERVICE']._serialized_start=997
+  _globals['_PLANNERSERVICE']._serialized_end=1163
 # @@protoc_insertion_point(module_scope)

@@ -19,6 +19,12 @@ class HydeMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HYDE_MODE_OFF: _ClassVar[HydeMode]
     HYDE_MODE_FUSION: _ClassVar[HydeMode]
     HYDE_MODE_SUPPLEMENT: _ClassVar[HydeMode]
+
+class TurnRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TURN_ROLE_UNSPECIFIED: _ClassVar[TurnRole]
+    TURN_ROLE_USER: _ClassVar[TurnRole]
+    TURN_ROLE_ASSISTANT: _ClassVar[TurnRole]
 STRATEGY_UNSPECIFIED: Strategy
 STRATEGY_PRECISE: Strategy
 STRATEGY_EXHAUSTIVE: Strategy
@@ -26,21 +32,34 @@ HYDE_MODE_UNSPECIFIED: HydeMode
 HYDE_MODE_OFF: HydeMode
 HYDE_MODE_FUSION: HydeMode
 HYDE_MODE_SUPPLEMENT: HydeMode
+TURN_ROLE_UNSPECIFIED: TurnRole
+TURN_ROLE_USER: TurnRole
+TURN_ROLE_ASSISTANT: TurnRole
 
 class PlanRequest(_message.Message):
-    __slots__ = ("query", "strategy", "max_variations", "hyde_mode")
+    __slots__ = ("query", "strategy", "max_variations", "hyde_mode", "history")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     MAX_VARIATIONS_FIELD_NUMBER: _ClassVar[int]
     HYDE_MODE_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     query: str
     strategy: Strategy
     max_variations: int
     hyde_mode: HydeMode
-    def __init__(self, query: _Optional[str] = ..., strategy: _Optional[_Union[Strategy, str]] = ..., max_variations: _Optional[int] = ..., hyde_mode: _Optional[_Union[HydeMode, str]] = ...) -> None: ...
+    history: _containers.RepeatedCompositeFieldContainer[Turn]
+    def __init__(self, query: _Optional[str] = ..., strategy: _Optional[_Union[Strategy, str]] = ..., max_variations: _Optional[int] = ..., hyde_mode: _Optional[_Union[HydeMode, str]] = ..., history: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
+
+class Turn(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: TurnRole
+    content: str
+    def __init__(self, role: _Optional[_Union[TurnRole, str]] = ..., content: _Optional[str] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("strategy", "pool_size", "variations", "hard_keywords", "hyde_passage", "hyde_mode", "planner")
+    __slots__ = ("strategy", "pool_size", "variations", "hard_keywords", "hyde_passage", "hyde_mode", "planner", "searched_query")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
     VARIATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +67,7 @@ class Plan(_message.Message):
     HYDE_PASSAGE_FIELD_NUMBER: _ClassVar[int]
     HYDE_MODE_FIELD_NUMBER: _ClassVar[int]
     PLANNER_FIELD_NUMBER: _ClassVar[int]
+    SEARCHED_QUERY_FIELD_NUMBER: _ClassVar[int]
     strategy: Strategy
     pool_size: int
     variations: _containers.RepeatedScalarFieldContainer[str]
@@ -55,7 +75,8 @@ class Plan(_message.Message):
     hyde_passage: str
     hyde_mode: HydeMode
     planner: str
-    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., pool_size: _Optional[int] = ..., variations: _Optional[_Iterable[str]] = ..., hard_keywords: _Optional[_Iterable[str]] = ..., hyde_passage: _Optional[str] = ..., hyde_mode: _Optional[_Union[HydeMode, str]] = ..., planner: _Optional[str] = ...) -> None: ...
+    searched_query: str
+    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., pool_size: _Optional[int] = ..., variations: _Optional[_Iterable[str]] = ..., hard_keywords: _Optional[_Iterable[str]] = ..., hyde_passage: _Optional[str] = ..., hyde_mode: _Optional[_Union[HydeMode, str]] = ..., planner: _Optional[str] = ..., searched_query: _Optional[str] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
     __slots__ = ("plan", "fallback_reason", "fallback_message")
