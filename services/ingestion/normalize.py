@@ -195,8 +195,9 @@ def _markdown_source(text: str) -> tuple[str, str]:
     body = strip_tags(front.body, HUGO_SHORTCODES)
     if not body.strip():
         # A placeholder page (a redirect, a list rendered by a template): its title is all it
-        # says, and an indexed title beats a document that fails ingestion as empty.
-        body = f"# {title}" if title else ""
+        # says, and an indexed title beats a document that fails ingestion as empty. As a
+        # paragraph, not a heading: a heading alone makes no chunk.
+        body = title
     return (f"{description}\n\n{body}" if description else body), title
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ragmesh.ingestion.v1 import ingestion_pb2 as pb
+from services.ingestion.chunking import Chunker
 from services.ingestion.normalize import (
     DocumentError,
     NormalizedDocument,
@@ -10,6 +11,8 @@ from services.ingestion.normalize import (
     document_problem,
     normalize,
 )
+
+from .test_chunking import TOKENIZER_PATH
 
 MD, TEXT, HTML, PDF = (
     pb.DOCUMENT_FORMAT_MARKDOWN,
@@ -201,9 +204,16 @@ def test_front_matter_title_beats_h1_and_h1_is_the_fallback() -> None:
 
 def test_placeholder_page_is_its_title_not_an_empty_document() -> None:
     raw = b"---\ntitle: API reference\n_build: { render: link }\n---\n\n{{% docs/prog-lang-home-content %}}\n"
-    assert normalize(raw, MD, "") == NormalizedDocument("# API reference", "API reference")
+    assert normalize(raw, MD, "") == NormalizedDocument("API reference", "API reference")
     with pytest.raises(DocumentError, match="empty"):
         normalize(b"---\nweight: 3\n---\n", MD, "")
+
+
+def test_placeholder_page_makes_a_chunk() -> None:
+    chunker = Chunker(TOKENIZER_PATH, chunk_tokens=200, overlap_tokens=32, model_max_tokens=256)
+    doc = normalize(b"---\ntitle: API reference\nweight: 90\n---\n", MD, "")
+    chunks = chunker.chunk(doc.markdown, doc.title)
+    assert len(chunks) == 1 and chunks[0].text.endswith("API reference")
 
 
 def test_leading_rule_without_closing_delimiter_is_content() -> None:
