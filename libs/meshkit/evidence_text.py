@@ -337,7 +337,12 @@ def _heading_text(stripped: str) -> str | None:
     rest = stripped[marks:]
     if rest and rest[0] not in " \t":
         return None
-    return rest.strip().rstrip("#").strip()
+    text = rest.strip().rstrip("#").strip()
+    # A heading attribute block ("## Why gRPC? {#why-grpc}") names an anchor, it is no text.
+    attributes = text.rfind(" {#")
+    if attributes >= 0 and text.endswith("}"):
+        text = text[:attributes].rstrip()
+    return text
 
 
 def _is_thematic_break(stripped: str) -> bool:

@@ -133,6 +133,17 @@ def test_headings_questions_comments_and_embeds_are_not_evidence() -> None:
         assert markup not in joined
 
 
+def test_heading_attributes_go() -> None:
+    text = (
+        "## Sending data over long-lived connections with a proxy in between {#proxy}\n\n"
+        "Send keepalive pings often."
+    )
+    assert evidence_sentences(text) == [
+        "Sending data over long-lived connections with a proxy in between",
+        "Send keepalive pings often.",
+    ]
+
+
 def test_chunk_heading_path_is_not_a_sentence() -> None:
     chunk = (
         "gRPC on Kubernetes > Setting up the load balancer with a headless service\n\nUse a headless service."
