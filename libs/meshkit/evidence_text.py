@@ -415,12 +415,16 @@ def _row_line(header: list[str], cells: list[str]) -> str:
 def _inline_text(text: str) -> str:
     """Text without inline markup: images -> alt text, links -> their text, HTML tags out,
     inline code and emphasis markers dropped (their content stays)."""
-    text = strip_tags(strip_html_comments(text))
-    text = _IMAGE.sub(r"\1", text)
-    text = _LINK.sub(r"\1", text)
-    text = _REF_LINK.sub(r"\1", text)
-    text = _BRACKETED.sub(r"\1", text)
-    text = _HTML_TAG.sub("", text)
+    # Each pass only runs when its opening character is there: most prose has none of them.
+    if "<" in text:
+        text = _HTML_TAG.sub("", strip_html_comments(text))
+    if "{" in text:
+        text = strip_tags(text)
+    if "[" in text:
+        text = _IMAGE.sub(r"\1", text)
+        text = _LINK.sub(r"\1", text)
+        text = _REF_LINK.sub(r"\1", text)
+        text = _BRACKETED.sub(r"\1", text)
     text = text.replace("`", "").replace("*", "")
     return _WHITESPACE.sub(" ", text).strip()
 
