@@ -8,7 +8,9 @@ passage" call of the answering stages goes through ``evidence_sentences``:
 - prose sentences, split with ``meshkit.answering.split_sentences``, inline markup removed
   (links keep their text, images their alt text, inline code its content);
 - each Markdown table row under a header as ONE self-contained line, "Header1: value1; Header2:
-  value2", so a row that holds the answer keeps the header that says what its cells mean;
+  value2", so a row that holds the answer keeps the header that says what its cells mean (a
+  row whose header is not in the passage, as when a chunk starts inside a table, is its cell
+  values joined the same way: "value1; value2");
 - nothing from fenced or indented code blocks, YAML/TOML front matter, template tags and
   shortcodes (``{{< >}}``, ``{{% %}}``, ``{% %}``, ``{{ }}``; the prose between a paired
   shortcode's tags stays), HTML tags and comments, link reference definitions, heading lines
@@ -241,6 +243,8 @@ class _Block:
     text: str
     # A heading, or a paragraph of one line: a title or label unless it reads as a sentence.
     label_like: bool
+    # A rendered table row: one sentence whatever full stops its cells hold.
+    row: bool = False
 
 
 def evidence_sentences(text: str) -> list[str]:
@@ -251,6 +255,10 @@ def evidence_sentences(text: str) -> list[str]:
         text = front.body
     sentences: list[str] = []
     for block in _blocks(text.split("\n")):
+        if block.row:
+            if len(_WORD.findall(block.text)) >= _MIN_WORDS:
+                sentences.append(block.text)
+            continue
         plain = _inline_text(block.text)
         if block.label_like and not _reads_as_sentence(plain):
             continue
@@ -314,9 +322,16 @@ def _blocks(lines: list[str]) -> Generator[_Block, None, None]:
             if heading:
                 yield _Block(heading, label_like=True)
             continue
-        if _LINK_DEFINITION.match(line) or _is_thematic_break(stripped) or stripped.startswith("|"):
-            # A pipe line outside a table with a header row says nothing that can be quoted.
+        if _LINK_DEFINITION.match(line) or _is_thematic_break(stripped):
             yield from paragraph.flush()
+            continue
+        if stripped.startswith("|") or stripped.endswith("|"):
+            # A row whose header is not in this passage (a chunk that starts inside a table, or
+            # a row cut by a chunk boundary): its cell values, as one line.
+            yield from paragraph.flush()
+            row = _row_line([], _cells(stripped)) if not _is_delimiter_row(stripped) else ""
+            if row:
+                yield _Block(row, label_like=False, row=True)
             continue
         marker = _LIST_MARKER.match(stripped)
         if marker:
@@ -392,20 +407,21 @@ def _table(lines: list[str], i: int) -> Generator[_Block, None, int]:
     while i < len(lines) and "|" in lines[i] and lines[i].strip():
         row = _row_line(header, _cells(lines[i]))
         if row:
-            yield _Block(row, label_like=False)
+            yield _Block(row, label_like=False, row=True)
         i += 1
     return i
 
 
 def _row_line(header: list[str], cells: list[str]) -> str:
     parts = []
-    for name, cell in zip(header, cells, strict=False):
+    # Cells past the header's (or all, without a header) have no name.
+    names = [*header, *[""] * (len(cells) - len(header))]
+    for name, cell in zip(names, cells, strict=False):
         value = _inline_text(cell)
         if not value:
             continue
         parts.append(f"{name}: {value}" if name else value)
-    line = "; ".join(parts)
-    # The row ends as a sentence, so that split_sentences keeps it whole and the next row apart.
+    line = _WHITESPACE.sub(" ", "; ".join(parts))
     return line if not line or line[-1] in ".!?" else line + "."
 
 
