@@ -67,7 +67,7 @@ _CODE_CHARS = frozenset("{}[]()<>;=$\\|`")
 _MAX_CODE_CHAR_SHARE = 0.12
 # ... or a larger share of code-like tokens.
 _MAX_CODE_TOKEN_SHARE = 0.4
-_CODE_TOKEN = re.compile(r"[=(){};<>$\\|`]")
+_CODE_TOKEN = re.compile(r"[=(){};<>$\\|`]|//")
 _DOTTED_NAME = re.compile(r"[A-Za-z0-9]\.[A-Za-z_]")
 # A prose sentence has at least this many words of two or more letters.
 _MIN_WORDS = 3
@@ -285,7 +285,7 @@ def _blocks(lines: list[str]) -> Generator[_Block, None, None]:
     """Prose blocks of Markdown ``lines``: code blocks, link definitions, thematic breaks and
     heading markers out, list items one block each, table rows rendered with their header."""
     paragraph = _Paragraph()
-    fence: str | None = None
+    fence = _fence_open_at_start(lines)
     after_blank = True
     in_list = False
     i = 0
@@ -325,7 +325,7 @@ def _blocks(lines: list[str]) -> Generator[_Block, None, None]:
         if _LINK_DEFINITION.match(line) or _is_thematic_break(stripped):
             yield from paragraph.flush()
             continue
-        if stripped.startswith("|") or stripped.endswith("|"):
+        if stripped.startswith("|") or stripped.endswith("|") or stripped.count("|") >= 2:
             # A row whose header is not in this passage (a chunk that starts inside a table, or
             # a row cut by a chunk boundary): its cell values, as one line.
             yield from paragraph.flush()
@@ -342,6 +342,24 @@ def _blocks(lines: list[str]) -> Generator[_Block, None, None]:
             in_list = False
         paragraph.lines.append(stripped.lstrip(">").strip())
     yield from paragraph.flush()
+
+
+def _fence_open_at_start(lines: list[str]) -> str | None:
+    """The fence of a code block the passage starts inside, or None.
+
+    A chunk can begin in the middle of a fenced block whose opening line lies in the previous
+    chunk. Openers usually name a language and closers never do, so when the first fence line
+    is bare and the next one (if any) names a language, the first one is a closer."""
+    found: list[tuple[str, bool]] = []
+    for line in lines:
+        match = _FENCE_OPEN.match(line.strip())
+        if match:
+            found.append((match.group(1), bool(line.strip()[len(match.group(1)) :].strip())))
+            if len(found) == 2:
+                break
+    if not found or found[0][1]:
+        return None
+    return found[0][0] if len(found) == 1 or found[1][1] else None
 
 
 def _heading_text(stripped: str) -> str | None:

@@ -200,6 +200,29 @@ def test_code_fragment_cut_from_its_fence_is_not_prose() -> None:
     assert evidence_sentences(text) == []
 
 
+def test_chunk_that_starts_inside_a_fence() -> None:
+    # The opening ```java line is in the previous chunk; this one starts with its code.
+    text = (
+        "Java > Basics > Client\n\n"
+        "    // Send numPoints points randomly selected from the features list.\n"
+        "    requestObserver.onNext(point);\n"
+        "```\n\n"
+        "Calling the streaming method returns a request observer.\n\n"
+        "```java\nrequestObserver.onCompleted();\n```\n"
+    )
+    assert evidence_sentences(text) == ["Calling the streaming method returns a request observer."]
+
+
+def test_bare_fences_in_pairs_are_not_mistaken_for_a_closer() -> None:
+    text = "```\n$ make\n```\n\nThe build writes one binary per example.\n"
+    assert evidence_sentences(text) == ["The build writes one binary per example."]
+
+
+def test_row_cut_by_a_chunk_boundary_keeps_its_cells_apart() -> None:
+    text = "(optional) | Histogram | s | The end-to-end time of an RPC attempt.\n"
+    assert evidence_sentences(text) == ["(optional); Histogram; s; The end-to-end time of an RPC attempt."]
+
+
 def test_strip_tags_keeps_an_unclosed_or_paragraph_crossing_opener() -> None:
     assert strip_tags("a {{< b\n\nc >}} d", HUGO_SHORTCODES) == "a {{< b\n\nc >}} d"
     assert strip_tags("a {{< b >}} c {{< d", HUGO_SHORTCODES) == "a  c {{< d"
