@@ -24,6 +24,7 @@ Hugo shortcodes with the same code.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -52,8 +53,6 @@ _LINK = re.compile(r"\[([^\[\]\n]*)\]\([^()\n]*\)")
 _REF_LINK = re.compile(r"\[([^\[\]\n]*)\]\[[^\[\]\n]*\]")
 # "[label]: target" on a line of its own defines a link target: no prose.
 _LINK_DEFINITION = re.compile(r" {0,3}\[[^\[\]\n]+\]:")
-# What is left in brackets after links: shortcut reference links ("[grpcdebug]") -> text.
-_BRACKETED = re.compile(r"\[([^\[\]\n]*)\]")
 _LIST_MARKER = re.compile(r"(?:[-*+]|\d{1,9}[.)])(?:[ \t]+|$)")
 _FENCE_OPEN = re.compile(r"(`{3,}|~{3,})")
 _TABLE_DELIMITER_CELL = re.compile(r":?-+:?")
@@ -61,14 +60,16 @@ _THEMATIC_BREAK_CHARS = frozenset("-*_= \t")
 _WORD = re.compile(r"[^\W\d_]{2,}")
 _WHITESPACE = re.compile(r"\s+")
 # Characters that are common in code and rare in prose.
-_CODE_CHARS = frozenset("{}[]()<>;=$\\|`")
+# (Not brackets, parentheses or comparisons: statistics in prose are full of them.)
+_CODE_CHARS = frozenset("{};=$\\|`")
 # A sentence with a larger share of code characters is a code fragment that escaped a block
 # (a chunk can start inside a fence whose opening line is in the previous chunk).
 _MAX_CODE_CHAR_SHARE = 0.12
 # ... or a larger share of code-like tokens.
 _MAX_CODE_TOKEN_SHARE = 0.4
-_CODE_TOKEN = re.compile(r"[=(){};<>$\\|`]|//")
-_DOTTED_NAME = re.compile(r"[A-Za-z0-9]\.[A-Za-z_]")
+_CODE_TOKEN = re.compile(r"[{}$\\|`]|//|::|->|==|!=|&&|[A-Za-z_]\(|\);")
+# Two or more letters each side: "grpc.Dial", not "e.g." or "U.S.".
+_DOTTED_NAME = re.compile(r"[A-Za-z_]{2}\.[A-Za-z_]{2}")
 # A prose sentence has at least this many words of two or more letters.
 _MIN_WORDS = 3
 # A one-line paragraph without a sentence end is a heading or label unless it is this long.
@@ -76,6 +77,12 @@ _MIN_UNPUNCTUATED_WORDS = 8
 _STATEMENT_END_CHARS = ".!\"')\u201d\u2019"
 # Chunk text starts with the heading path "Title > Section > Sub" (services/ingestion/chunking).
 _HEADING_PATH_SEPARATOR = " > "
+# *emphasis* -> emphasis; a star inside a word or a number ("HLA-B*27", "(*2*2)") stays. The
+# content cannot hold a star, so an attempt never scans past the next one.
+_EMPHASIS = re.compile(r"(?<!\w)\*([^*\s][^*\n]*?)\*(?!\w)")
+# What is left in brackets after links: a shortcut reference link ("[PING frame]") keeps its
+# text; brackets holding an abbreviation or a statistic ("[RR]", "[n = 83]", "[1]") stay.
+_BRACKETED = re.compile(r"\[([A-Za-z][\w .&/+#'\-]*)\]")
 _CELL_SPLIT = re.compile(r"(\\\||\|)")
 
 
@@ -458,15 +465,20 @@ def _inline_text(text: str) -> str:
         text = _IMAGE.sub(r"\1", text)
         text = _LINK.sub(r"\1", text)
         text = _REF_LINK.sub(r"\1", text)
-        text = _BRACKETED.sub(r"\1", text)
-    text = text.replace("`", "").replace("*", "")
+        text = _BRACKETED.sub(_unbracket_label, text)
+    text = _EMPHASIS.sub(r"\1", text.replace("`", "").replace("**", ""))
     return _WHITESPACE.sub(" ", text).strip()
+
+
+def _unbracket_label(match: re.Match[str]) -> str:
+    label = match.group(1)
+    return label if any(c.islower() for c in label) else match.group(0)
 
 
 def _reads_as_sentence(plain: str) -> bool:
     """A heading or one-line paragraph is a sentence when it ends like a statement, or is long
     enough to be one; never when it is a chunk's heading path ("Title > Section")."""
-    if _HEADING_PATH_SEPARATOR in plain:
+    if _HEADING_PATH_SEPARATOR in plain and not plain.endswith((".", "!")):
         return False
     return plain[-1:] in _STATEMENT_END_CHARS or len(_WORD.findall(plain)) >= _MIN_UNPUNCTUATED_WORDS
 
@@ -480,6 +492,10 @@ def _is_prose(sentence: str) -> bool:
         return False
     tokens = sentence.split()
     code_tokens = sum(1 for token in tokens if _is_code_token(token))
+    # An assignment ("feature = stub.GetFeature(point)"), not a statistic ("n = 84", "p = .01").
+    code_tokens += sum(
+        1 for token, after in itertools.pairwise(tokens) if token == "=" and after[:1].isalpha()
+    )
     return code_tokens <= _MAX_CODE_TOKEN_SHARE * len(tokens)
 
 

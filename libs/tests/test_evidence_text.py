@@ -19,7 +19,9 @@ from meshkit.evidence_text import (
     strip_tags,
 )
 
-GRPC_DOCS = Path(__file__).resolve().parents[3] / "shared" / "corpora" / "grpc-docs" / "docs"
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+GRPC_DOCS = SHARED / "corpora" / "grpc-docs" / "docs"
+SCIFACT_RATIONALES = SHARED / "bench" / "scifact" / "rationales_train.jsonl"
 MEGABYTE = 1_000_000
 # The linear code needs a few seconds per megabyte of the worst shapes on a loaded 2-core
 # machine; a quadratic step needs hours.
@@ -221,6 +223,36 @@ def test_bare_fences_in_pairs_are_not_mistaken_for_a_closer() -> None:
 def test_row_cut_by_a_chunk_boundary_keeps_its_cells_apart() -> None:
     text = "(optional) | Histogram | s | The end-to-end time of an RPC attempt.\n"
     assert evidence_sentences(text) == ["(optional); Histogram; s; The end-to-end time of an RPC attempt."]
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        # SciFact rationale sentences: statistics are full of brackets, comparisons and stars.
+        "Relative to women who weighed 3.000-3.499 kg, the risk was 0.96 (CI 0.80-1.16) in those who "
+        "weighed < 2.500 kg, and 1.12 (95% CI 1.00-1.25) in those who weighed > or = 4.000 kg.",
+        "Women with high serum FSH values (>10 mIU/mL [n = 83]) did not have a different probability.",
+        "The association is not restricted to carriers of HLA-B*27 but also found in HLA-B*40:01 carriers.",
+        "Individuals homozygous for the null variant (*2*2) drink considerably less alcohol.",
+    ],
+)
+def test_plain_text_evidence_is_kept_verbatim(sentence: str) -> None:
+    assert evidence_sentences(sentence) == [sentence]
+
+
+@pytest.mark.skipif(not SCIFACT_RATIONALES.is_file(), reason="SciFact is not checked out")
+def test_scifact_rationale_sentences_survive() -> None:
+    import json
+
+    sentences = [
+        text
+        for line in SCIFACT_RATIONALES.read_text(encoding="utf-8").splitlines()
+        for evidence in json.loads(line)["evidence"].values()
+        for entry in evidence
+        for text in entry["sentence_texts"]
+    ]
+    kept = sum(1 for s in sentences if evidence_sentences(s) == [" ".join(s.split())])
+    assert kept >= 0.99 * len(sentences), (kept, len(sentences))
 
 
 def test_strip_tags_keeps_an_unclosed_or_paragraph_crossing_opener() -> None:
