@@ -21,6 +21,7 @@ from bs4.exceptions import ParserRejectedMarkup
 from markdownify import ATX, MarkdownConverter
 from pdfminer.pdftypes import resolve1
 
+from meshkit.evidence_text import HUGO_SHORTCODES, split_front_matter, strip_tags
 from ragmesh.ingestion.v1 import ingestion_pb2
 
 DEFAULT_MAX_PDF_PAGES = 2000
@@ -122,8 +123,9 @@ def normalize(
     document, else ''). Raises DocumentError for documents that cannot be processed."""
     given_title = _clean_title(title)
     if fmt == ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN:
-        markdown = _tidy(_decode_text(content))
-        found_title = _markdown_h1(markdown)
+        body, front_title = _markdown_source(_decode_text(content))
+        markdown = _tidy(body)
+        found_title = front_title or _markdown_h1(markdown)
     elif fmt == ingestion_pb2.DOCUMENT_FORMAT_TEXT:
         markdown = _tidy(_escape_headings(_decode_text(content)))
         found_title = ""
@@ -175,6 +177,28 @@ def _tidy(text: str) -> str:
     text = "\n".join(line.rstrip(" \t") for line in text.split("\n"))
     text = _BLANK_RUN_RE.sub("\n\n", text)
     return text.strip("\n")
+
+
+def _markdown_source(text: str) -> tuple[str, str]:
+    """The Markdown a site generator would render, and the front matter's title ('' if none).
+
+    Front matter (YAML "---" or TOML "+++" at the top) is page metadata, not content: it goes,
+    except its title (the page's title: such pages rarely have an H1) and its description (the
+    lead paragraph the page shows under the title). Hugo shortcodes ({{< name >}}, {{% name %}})
+    are template calls: the tags go and the prose between a pair's tags stays."""
+    text = _LINE_BREAKS_RE.sub("\n", text)
+    front = split_front_matter(text)
+    if front is None:
+        return strip_tags(text, HUGO_SHORTCODES), ""
+    title = _clean_title(front.field("title"))
+    description = front.field("description")
+    body = strip_tags(front.body, HUGO_SHORTCODES)
+    if not body.strip():
+        # A placeholder page (a redirect, a list rendered by a template): its title is all it
+        # says, and an indexed title beats a document that fails ingestion as empty. As a
+        # paragraph, not a heading: a heading alone makes no chunk.
+        body = title
+    return (f"{description}\n\n{body}" if description else body), title
 
 
 def _escape_headings(text: str) -> str:

@@ -340,6 +340,11 @@ RUN = 200_000
         "[" * RUN,
         "> " * (RUN // 2) + "deep quote",
         "*_" * (RUN // 2),
+        "{{<" * (RUN // 3),
+        "{{< a\n\n" * (RUN // 7) + ">}}",
+        "{{% x %}} y " * (RUN // 11),
+        "---\n" + "k: v\n" * (RUN // 4),
+        "---\n" + "---\n" * (RUN // 4),
     ],
 )
 def test_long_runs_of_markup_are_prepared_in_time(content: str, chunker: Chunker) -> None:

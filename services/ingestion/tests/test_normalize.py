@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ragmesh.ingestion.v1 import ingestion_pb2 as pb
+from services.ingestion.chunking import Chunker
 from services.ingestion.normalize import (
     DocumentError,
     NormalizedDocument,
@@ -10,6 +11,8 @@ from services.ingestion.normalize import (
     document_problem,
     normalize,
 )
+
+from .test_chunking import TOKENIZER_PATH
 
 MD, TEXT, HTML, PDF = (
     pb.DOCUMENT_FORMAT_MARKDOWN,
@@ -146,6 +149,82 @@ def test_markdown_passes_through_with_tidy_whitespace() -> None:
 def test_given_title_wins_and_is_cleaned() -> None:
     assert normalize(b"# Heading\n\nx", MD, "  My \n Title ").title == "My Title"
     assert normalize(b"no heading here", MD, "").title == ""
+
+
+# Shaped like the gRPC documentation's pages (Hugo: YAML front matter, shortcodes, no H1).
+HUGO_PAGE = b"""---
+title: Keepalive
+description: >-
+  How to use HTTP/2 PING-based
+  keepalives in gRPC.
+weight: 40
+---
+
+### Overview
+
+Keepalives keep an idle connection open.
+
+{{% alert title="Note" color="info" %}}
+  Health checking is a separate concern.
+{{% /alert %}}
+
+{{< youtube id="cSGBbwvW1y4" class="youtube-video" title="gRPC" >}}
+
+```sh
+git clone -b {{< param grpc_vers.core >}} https://github.com/grpc/grpc
+```
+"""
+
+
+def test_front_matter_becomes_title_and_lead_paragraph() -> None:
+    doc = normalize(HUGO_PAGE, MD, "")
+    assert doc.title == "Keepalive"
+    assert doc.markdown.startswith("How to use HTTP/2 PING-based keepalives in gRPC.\n\n### Overview\n")
+    for metadata in ("---", "title:", "weight", "description"):
+        assert metadata not in doc.markdown
+
+
+def test_hugo_shortcode_tags_go_their_prose_stays() -> None:
+    markdown = normalize(HUGO_PAGE, MD, "").markdown
+    assert "{{" not in markdown and "}}" not in markdown
+    assert "Health checking is a separate concern." in markdown
+    assert "youtube" not in markdown
+    assert "git clone -b  https://github.com/grpc/grpc" in markdown
+
+
+def test_toml_front_matter_and_given_title() -> None:
+    doc = normalize(b'+++\ntitle = "Auth"\n+++\n\nUse TLS.', MD, "Given")
+    assert doc == NormalizedDocument("Use TLS.", "Given")
+
+
+def test_front_matter_title_beats_h1_and_h1_is_the_fallback() -> None:
+    assert normalize(b"---\ntitle: Page\n---\n# Heading\n\nx", MD, "").title == "Page"
+    assert normalize(b"---\nweight: 3\n---\n# Heading\n\nx", MD, "").title == "Heading"
+
+
+def test_placeholder_page_is_its_title_not_an_empty_document() -> None:
+    raw = b"---\ntitle: API reference\n_build: { render: link }\n---\n\n{{% docs/prog-lang-home-content %}}\n"
+    assert normalize(raw, MD, "") == NormalizedDocument("API reference", "API reference")
+    with pytest.raises(DocumentError, match="empty"):
+        normalize(b"---\nweight: 3\n---\n", MD, "")
+
+
+def test_placeholder_page_makes_a_chunk() -> None:
+    chunker = Chunker(TOKENIZER_PATH, chunk_tokens=200, overlap_tokens=32, model_max_tokens=256)
+    doc = normalize(b"---\ntitle: API reference\nweight: 90\n---\n", MD, "")
+    chunks = chunker.chunk(doc.markdown, doc.title)
+    assert len(chunks) == 1 and chunks[0].text.endswith("API reference")
+
+
+def test_leading_rule_without_closing_delimiter_is_content() -> None:
+    raw = b"---\nA thematic break first, then text.\n"
+    assert normalize(raw, MD, "").markdown == "---\nA thematic break first, then text."
+
+
+def test_jinja_like_text_is_not_touched_at_ingest() -> None:
+    # Only Hugo's own delimiters are template calls for certain: "{% raw %}" may be content.
+    raw = b"Write {% raw %} and {{ name }} in the template."
+    assert normalize(raw, MD, "").markdown == raw.decode()
 
 
 def test_text_keeps_paragraphs_and_escapes_heading_lines() -> None:

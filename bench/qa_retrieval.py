@@ -1,0 +1,92 @@
+"""Retrieval on the grpc-docs question set: does the answering page come back in the top 1 / 5 /
+10 documents, fused (RRF over dense, BM25, exact) and reranked (the cross-encoder on the fused
+candidates)? Prints one JSON line.
+
+    ragmesh up --state-dir /tmp/qa-stack
+    ragmesh ingest --state-dir /tmp/qa-stack --collection grpcdocs --wait ../shared/corpora/grpc-docs/docs
+    .venv/bin/python -m bench.qa_retrieval --state-dir /tmp/qa-stack --collection grpcdocs
+
+Searches go through the gateway of a running stack, one document per result
+(``collapse_documents``), as a caller would ask them. A question counts as found at k when any
+of its gold documents is among the first k results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import qa
+from bench.qa import QAItem, Split
+from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh_cli.channels import open_channel, use_state_dir
+from ragmesh_cli.loadtest import resolve_component_address
+
+CUTOFFS = (1, 5, 10)
+TIMEOUT_S = 60.0
+# Searches in flight: enough to keep the stages busy, few enough for a shared 2-core machine.
+CONCURRENCY = 4
+
+
+def gold_rank(item: QAItem, doc_ids: Sequence[str]) -> int | None:
+    """1-based rank of the first gold document in ``doc_ids``, or None."""
+    gold = set(item.gold_doc_ids)
+    return next((rank for rank, doc_id in enumerate(doc_ids, start=1) if doc_id in gold), None)
+
+
+def hit_rates(ranks: Sequence[int | None]) -> dict[str, float]:
+    return {
+        f"top{k}": round(sum(1 for r in ranks if r is not None and r <= k) / len(ranks), 3) for k in CUTOFFS
+    }
+
+
+async def ranked_doc_ids(
+    stub: gateway_pb2_grpc.GatewayServiceStub, collection: str, question: str, rerank: bool
+) -> list[str]:
+    request = gateway_pb2.SearchRequest(
+        collection=collection, query=question, top_k=max(CUTOFFS), collapse_documents=True, rerank=rerank
+    )
+    response = await stub.Search(request, timeout=TIMEOUT_S)
+    return [result.doc_id for result in response.results]
+
+
+async def measure(address: str, collection: str, items: Sequence[QAItem]) -> dict[str, object]:
+    gate = asyncio.Semaphore(CONCURRENCY)
+    report: dict[str, object] = {"questions": len(items), "collection": collection}
+    async with open_channel(address) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+
+        async def rank(item: QAItem, rerank: bool) -> int | None:
+            async with gate:
+                return gold_rank(item, await ranked_doc_ids(stub, collection, item.question, rerank))
+
+        for name, rerank in (("fused", False), ("reranked", True)):
+            ranks = await asyncio.gather(*(rank(item, rerank) for item in items))
+            report[name] = hit_rates(ranks)
+            report[f"{name}_missed_top10"] = [
+                item.id for item, r in zip(items, ranks, strict=True) if r is None
+            ]
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--state-dir", type=Path, required=True, help="state directory of a running stack")
+    parser.add_argument("--collection", default="grpcdocs")
+    parser.add_argument("--split", choices=qa.SPLITS, default="test")
+    args = parser.parse_args(argv)
+    split: Split = args.split
+    items = [item for item in qa.load_grpc_docs(split) if item.answerable]
+    use_state_dir(args.state_dir)
+    address = resolve_component_address("gateway", args.state_dir)
+    report = asyncio.run(measure(address, args.collection, items))
+    print(json.dumps({"set": "grpc_docs", "split": split, **report}))
+
+
+if __name__ == "__main__":
+    main()
