@@ -397,11 +397,26 @@ def unneeded(current: DocStatus | None, event: IngestEvent) -> RequestOutcome | 
         return None
     if current is None or current.target_sha256 != event.content_sha256:
         return None
+    if not _same_source(current.request, event):
+        # Same bytes, new title, source URI or metadata: both stores must be told.
+        return None
     if current.state == INDEXED and current.indexed_sha256 == event.content_sha256:
         return UNCHANGED
     if current.state in (QUEUED, PROCESSING):
         return PENDING
     return None
+
+
+def _same_source(request: IngestEvent | None, event: IngestEvent) -> bool:
+    """Whether ``event`` describes its document as ``request`` did (a status written before
+    requests were recorded has nothing to compare: only the bytes count, as they did then)."""
+    if request is None:
+        return True
+    return (request.title, request.source_uri, request.metadata) == (
+        event.title,
+        event.source_uri,
+        event.metadata,
+    )
 
 
 @dataclass(frozen=True)

@@ -472,3 +472,31 @@ async def test_source_uri_title_and_metadata_reach_both_stores_with_the_chunk_te
             ingestion_pb2.IngestDocumentsRequest(collection="c", documents=[bad]), None
         )
     assert "may only hold letters" in str(caught.value)
+
+
+async def test_new_metadata_on_unchanged_bytes_reaches_both_stores(harness: Harness) -> None:
+    await harness.start_api()
+    await harness.start_worker()
+
+    def document(team: str) -> ingestion_pb2.Document:
+        return ingestion_pb2.Document(
+            doc_id="guide.md",
+            format=ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
+            content=doc("alpha").encode(),
+            source_uri="file:///srv/docs/guide.md",
+            metadata={"team": team},
+        )
+
+    async def submit(team: str) -> ingestion_pb2.SubmitResult:
+        request = ingestion_pb2.IngestDocumentsRequest(collection="c", documents=[document(team)])
+        return (await harness.api.IngestDocuments(request, None)).results[0]
+
+    await submit("docs")
+    await harness.wait_state("c", "guide.md", INDEXED)
+    assert (await submit("docs")).outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
+    assert (await submit("platform")).outcome == ingestion_pb2.SUBMIT_OUTCOME_QUEUED
+    await harness.wait_state("c", "guide.md", INDEXED)
+    assert harness.stores.index_service is not None
+    for store in (harness.stores.index_service, harness.stores.sparse_service):
+        assert dict(store.replacements["guide.md"].source.metadata) == {"team": "platform"}
+    assert (await submit("platform")).outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
