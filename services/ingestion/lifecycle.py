@@ -197,6 +197,8 @@ class DocStatus:
     request: IngestEvent | None = None
     target_sha256: str = ""
     indexed_sha256: str = ""
+    # PREPARATION_VERSION of the code that indexed indexed_sha256 (1: before versions were kept).
+    indexed_version: int = 1
     reason: str = ""
     # Claims of the current request, and those of them that count against the limit.
     attempts: int = 0
@@ -380,6 +382,11 @@ ClaimResult = Claim | Skip | Busy | GiveUp
 FinishResult = Done | Superseded | Retry | GiveUp | Lost
 
 UNCHANGED: Final = "unchanged"
+# What a document's bytes become (normalisation, chunking) has this version. Bump it with any
+# change that alters chunk text: a document indexed by an older version is then re-indexed when
+# it is submitted again instead of being UNCHANGED (2: Markdown front matter and shortcodes
+# stripped).
+PREPARATION_VERSION: Final = 2
 PENDING: Final = "pending"
 REQUESTED: Final = "requested"
 ABSENT: Final = "absent"
@@ -400,7 +407,11 @@ def unneeded(current: DocStatus | None, event: IngestEvent) -> RequestOutcome | 
     if not _same_source(current.request, event):
         # Same bytes, new title, source URI or metadata: both stores must be told.
         return None
-    if current.state == INDEXED and current.indexed_sha256 == event.content_sha256:
+    if (
+        current.state == INDEXED
+        and current.indexed_sha256 == event.content_sha256
+        and current.indexed_version == PREPARATION_VERSION
+    ):
         return UNCHANGED
     if current.state in (QUEUED, PROCESSING):
         return PENDING
@@ -756,7 +767,12 @@ class Lifecycle:
             released = current.with_changes(owner="", lease_until=0.0)
             if not is_current(current, claim.event):
                 if isinstance(outcome, Success):
-                    released = replace(released, indexed_sha256=outcome.indexed_sha256, chunks=outcome.chunks)
+                    released = replace(
+                        released,
+                        indexed_sha256=outcome.indexed_sha256,
+                        indexed_version=PREPARATION_VERSION,
+                        chunks=outcome.chunks,
+                    )
                 state = waiting_state(current.request)
                 name = "finish (superseded by a delete)" if state == DELETING else "finish (superseded)"
                 return _Write(replace(released, state=state), Superseded(), name)
@@ -766,6 +782,7 @@ class Lifecycle:
                     state=DELETED if outcome.deleted else INDEXED,
                     reason="",
                     indexed_sha256=outcome.indexed_sha256,
+                    indexed_version=PREPARATION_VERSION,
                     chunks=outcome.chunks,
                     transient_since=0.0,
                     retries=0,

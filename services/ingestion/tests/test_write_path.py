@@ -21,6 +21,7 @@ from nats.js.kv import KeyValue
 from meshkit.errors import ServiceError
 from meshkit.ids import doc_key, sha256_hex
 from ragmesh.ingestion.v1 import ingestion_pb2
+from services.ingestion import lifecycle
 
 from .conftest import STATUS_BUCKET, Harness
 
@@ -500,3 +501,19 @@ async def test_new_metadata_on_unchanged_bytes_reaches_both_stores(harness: Harn
     for store in (harness.stores.index_service, harness.stores.sparse_service):
         assert dict(store.replacements["guide.md"].source.metadata) == {"team": "platform"}
     assert (await submit("platform")).outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
+
+
+async def test_a_document_indexed_by_an_older_preparation_is_indexed_again(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await harness.start_api()
+    await harness.start_worker()
+    await harness.submit("c", "n.md", doc("same"))
+    await harness.wait_state("c", "n.md", INDEXED)
+    assert (await harness.submit("c", "n.md", doc("same"))).outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
+    # A new release changes what the same bytes become.
+    monkeypatch.setattr(lifecycle, "PREPARATION_VERSION", lifecycle.PREPARATION_VERSION + 1)
+    assert (await harness.submit("c", "n.md", doc("same"))).outcome == ingestion_pb2.SUBMIT_OUTCOME_QUEUED
+    status = await harness.wait_state("c", "n.md", INDEXED)
+    assert status.attempts >= 1
+    assert (await harness.submit("c", "n.md", doc("same"))).outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
