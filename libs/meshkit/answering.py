@@ -52,6 +52,16 @@ def _paragraph_sentences(text: str) -> list[str]:
     return [" ".join(p.split()) for p in pieces if p.strip()]
 
 
+def passage_sentences(text: str, title: str = "") -> list[str]:
+    """The sentences of a passage usable as evidence (facts, extractive answers, support checks),
+    in order, without the title line chunks start with (it restates what the citation shows).
+    Every "sentences of a passage" question of the answering stages goes through here, so a
+    better splitter (prose only: no table rows, code or template tags) changes one place."""
+    title_words = content_words(title) if title else set()
+    sentences = split_sentences(text)
+    return [s for s in sentences if content_words(s) and content_words(s) != title_words]
+
+
 def cited_numbers(sentence: str) -> list[int]:
     """Citation numbers in ``sentence``, in order of first appearance, without repeats."""
     numbers: list[int] = []

@@ -63,6 +63,10 @@ class Fakes:
     # Chunk name -> the fake reranker's score (a test may lower them all to get the fallback).
     rerank_scores: dict[str, float] = field(default_factory=lambda: dict(RERANK_SCORES))
     rerank_fallback_count: int = RERANK_FALLBACK_COUNT
+    # The fake cross-encoder judging sentences (Rerank calls whose passages are not chunks,
+    # counted and controlled as "judge"): a score per sentence text, else the default.
+    sentence_scores: dict[str, float] = field(default_factory=dict)
+    default_sentence_score: float = 2.0
 
     async def act(self, key: str, request: Any, context: aio.ServicerContext) -> None:
         self.calls[key] += 1
@@ -170,6 +174,8 @@ class FakeReranker(reranker_pb2_grpc.RerankerServiceServicer):
         self.fakes = fakes
 
     async def Rerank(self, request: Any, context: aio.ServicerContext) -> reranker_pb2.RerankResponse:
+        if any(p.id not in NAME_OF for p in request.passages):
+            return await self._judge(request, context)
         await self.fakes.act("reranker", request, context)
         scores = [self.fakes.rerank_scores[NAME_OF[p.id]] for p in request.passages]
         chosen = select(
@@ -189,6 +195,18 @@ class FakeReranker(reranker_pb2_grpc.RerankerServiceServicer):
         return reranker_pb2.RerankResponse(
             results=results, fallback=chosen.fallback, scored=len(scores), model="fake"
         )
+
+
+    async def _judge(self, request: Any, context: aio.ServicerContext) -> reranker_pb2.RerankResponse:
+        await self.fakes.act("judge", request, context)
+        fakes = self.fakes
+        results = [
+            reranker_pb2.RerankedPassage(
+                id=p.id, score=fakes.sentence_scores.get(p.text, fakes.default_sentence_score), input_index=i
+            )
+            for i, p in enumerate(request.passages)
+        ]
+        return reranker_pb2.RerankResponse(results=results, scored=len(results), model="fake")
 
 
 class FakeExtractor(extractor_pb2_grpc.ExtractorServiceServicer):
@@ -303,6 +321,8 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         gateway_rerank=False,
         # The reranker's order alone, easy to assert; the blend has a test of its own.
         gateway_rerank_fused_weight=0.0,
+        # The fake passages ("text of c0") share no word with the tests' questions.
+        gateway_ask_gate_min_coverage=0.0,
         client_retry_backoff_s=0.01,
         breaker_fail_max=5,
         breaker_reset_s=60,
