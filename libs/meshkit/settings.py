@@ -649,6 +649,13 @@ class GatewaySettings(MeshSettings):
         description="An answer sentence or LLM fact is supported when a sentence of a passage it cites "
         "scores at least this (log-odds) with it; else it is rebound to a passage that does, or dropped.",
     )
+    gateway_ask_support_min_coverage: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Support check's first filter: a passage sentence can support an answer sentence or fact "
+        "only if it holds this share of its content words.",
+    )
     gateway_ask_support_pairs: int = Field(
         16, ge=1, description="Passage sentences scored per answer sentence or fact in the support check."
     )

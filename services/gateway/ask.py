@@ -288,7 +288,9 @@ class Asker:
 
     def _support_rules(self) -> SupportRules:
         s = self.settings
-        return SupportRules(s.gateway_ask_support_min_score, s.gateway_ask_support_pairs)
+        return SupportRules(
+            s.gateway_ask_support_min_score, s.gateway_ask_support_min_coverage, s.gateway_ask_support_pairs
+        )
 
     async def _select(
         self, params: AskParams, evidence: list[Evidence], degradations: list[Degradation]
@@ -632,7 +634,7 @@ def stated_answer(chosen: list[narrator_pb2.Fact], sources: list[narrator_pb2.So
         return answer
     answer.answered = True
     for fact in chosen:
-        text = f"{fact.text.rstrip()} [{fact.source}]"
+        text = _recited(fact.text, [fact.source])
         answer.sentences.append(narrator_pb2.Sentence(text=text, sources=[fact.source]))
         source = sources[fact.source - 1]
         answer.citations.append(

@@ -91,6 +91,6 @@ class SentenceJudge:
         ``sentence`` (log-odds); passages with no sentence scored are absent. The ``preferred``
         passages (those it cites) get their closest sentences scored first. Claims run in
         flight together (asyncio.gather) share one model batch at the reranker."""
-        found: list[Candidate] = support_candidates(sentence, passage_texts, rules.max_pairs, preferred)
+        found: list[Candidate] = support_candidates(sentence, passage_texts, rules, preferred)
         scores = await self.score(strip_citations(sentence), [c.text for c in found])
         return best_support([Scored(c, s) for c, s in zip(found, scores, strict=True)])

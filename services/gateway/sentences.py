@@ -144,24 +144,33 @@ def select(query: str, scored: Sequence[Scored], texts: Sequence[str], rules: Se
 
 @dataclass(frozen=True)
 class SupportRules:
-    # A sentence is supported by a passage when one of the passage's sentences scores at least
-    # min_score with it (the sentence as the claim, the passage's sentence as the evidence).
+    # A sentence is supported by a passage when one of the passage's sentences holds at least
+    # min_coverage of its content words (the cheap first filter: the cross-encoder scores topic
+    # as much as support, and gives "X is common" nearly what it gives "X reduces Y") and scores
+    # at least min_score with it (the sentence as the claim, the passage's as the evidence).
     min_score: float
+    min_coverage: float
     # Passage sentences scored per answer sentence (the lexically closest first).
     max_pairs: int
 
 
 def support_candidates(
-    sentence: str, passage_texts: Sequence[str], max_pairs: int, preferred: Sequence[int] = ()
+    sentence: str,
+    passage_texts: Sequence[str],
+    rules: SupportRules,
+    preferred: Sequence[int] = (),
 ) -> list[Candidate]:
-    """The passage sentences to score an answer sentence against, at most ``max_pairs``: the
-    PREFERRED_PAIRS closest (most shared content words) of each ``preferred`` passage (the ones
-    it cites), then the closest of every passage, then the closest of all."""
+    """The passage sentences to score an answer sentence against: those holding at least
+    ``rules.min_coverage`` of its content words, at most ``rules.max_pairs``: the
+    PREFERRED_PAIRS closest of each ``preferred`` passage (the ones it cites), then the closest
+    of every passage, then the closest of all. None: nothing read can support it."""
     body = strip_citations(sentence)
+    max_pairs = rules.max_pairs
     per_passage: list[list[Candidate]] = []
     for index, text in enumerate(passage_texts):
         own = [Candidate(index, i, s[:MAX_SENTENCE_CHARS]) for i, s in enumerate(passage_sentences(text))]
-        per_passage.append(sorted(own, key=lambda c: (-coverage(body, c.text), c.position)))
+        close = [c for c in own if coverage(body, c.text) >= rules.min_coverage]
+        per_passage.append(sorted(close, key=lambda c: (-coverage(body, c.text), c.position)))
     order = [
         *(c for p in preferred if 0 <= p < len(per_passage) for c in per_passage[p][:PREFERRED_PAIRS]),
         *(own[0] for own in per_passage if own),

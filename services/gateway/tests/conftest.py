@@ -63,9 +63,12 @@ class Fakes:
     # Chunk name -> the fake reranker's score (a test may lower them all to get the fallback).
     rerank_scores: dict[str, float] = field(default_factory=lambda: dict(RERANK_SCORES))
     rerank_fallback_count: int = RERANK_FALLBACK_COUNT
+    # Chunk name -> its text (default "text of <name>").
+    chunk_texts: dict[str, str] = field(default_factory=dict)
     # The fake cross-encoder judging sentences (Rerank calls whose passages are not chunks,
-    # counted and controlled as "judge"): a score per sentence text, else the default.
-    sentence_scores: dict[str, float] = field(default_factory=dict)
+    # counted and controlled as "judge"): a score per (claim, sentence), else per sentence text,
+    # else the default.
+    sentence_scores: dict[str | tuple[str, str], float] = field(default_factory=dict)
     default_sentence_score: float = 2.0
 
     async def act(self, key: str, request: Any, context: aio.ServicerContext) -> None:
@@ -158,7 +161,7 @@ class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
                 chunk_id=cid,
                 doc_id=DOC_OF[NAME_OF[cid]],
                 title=f"Title of {NAME_OF[cid]}",
-                text=f"text of {NAME_OF[cid]}",
+                text=self.fakes.chunk_texts.get(NAME_OF[cid], f"text of {NAME_OF[cid]}"),
                 location=common_pb2.ChunkLocation(heading_path=["H"], ordinal=1),
             )
             for cid in request.chunk_ids
@@ -196,13 +199,16 @@ class FakeReranker(reranker_pb2_grpc.RerankerServiceServicer):
             results=results, fallback=chosen.fallback, scored=len(scores), model="fake"
         )
 
-
     async def _judge(self, request: Any, context: aio.ServicerContext) -> reranker_pb2.RerankResponse:
         await self.fakes.act("judge", request, context)
         fakes = self.fakes
         results = [
             reranker_pb2.RerankedPassage(
-                id=p.id, score=fakes.sentence_scores.get(p.text, fakes.default_sentence_score), input_index=i
+                id=p.id,
+                score=fakes.sentence_scores.get(
+                    (request.query, p.text), fakes.sentence_scores.get(p.text, fakes.default_sentence_score)
+                ),
+                input_index=i,
             )
             for i, p in enumerate(request.passages)
         ]
@@ -235,7 +241,8 @@ class FakeExtractor(extractor_pb2_grpc.ExtractorServiceServicer):
 
 
 class FakeNarrator(narrator_pb2_grpc.NarratorServiceServicer):
-    """Two deltas, then an answer citing source 1 (or, with no facts, that the documents do not say)."""
+    """Two deltas, then an answer citing source 1 (or, with no facts, that the documents do not
+    say); in extractive mode, as the real one, each fact as a sentence citing its source."""
 
     def __init__(self, fakes: Fakes) -> None:
         self.fakes = fakes
@@ -247,6 +254,12 @@ class FakeNarrator(narrator_pb2_grpc.NarratorServiceServicer):
             yield narrator_pb2.NarrateStreamResponse(
                 answer=narrator_pb2.Answer(text="The documents do not say.", mode=req.mode)
             )
+            return
+        if (
+            req.mode == narrator_pb2.NARRATION_MODE_EXTRACTIVE
+            and self.fakes.behaviour.get("narrator") != "cut"
+        ):
+            yield narrator_pb2.NarrateStreamResponse(answer=_stating(req))
             return
         for delta in NARRATOR_DELTAS:
             yield narrator_pb2.NarrateStreamResponse(delta=delta)
@@ -271,6 +284,24 @@ class FakeNarrator(narrator_pb2_grpc.NarratorServiceServicer):
         if self.fakes.behaviour.get("narrator") == "degraded":
             answer.degraded_reason = "deadline: the llm was late"
         yield narrator_pb2.NarrateStreamResponse(answer=answer)
+
+
+def _stating(req: Any) -> narrator_pb2.Answer:
+    sentences = [
+        narrator_pb2.Sentence(text=f"{f.text.rstrip('.')} [{f.source}].", sources=[f.source])
+        for f in req.facts
+    ]
+    answer = narrator_pb2.Answer(
+        text=" ".join(s.text for s in sentences), sentences=sentences, answered=True, mode=req.mode
+    )
+    for number in sorted({f.source for f in req.facts}):
+        source = req.sources[number - 1]
+        answer.citations.append(
+            narrator_pb2.Citation(
+                number=number, source_id=source.id, doc_id=source.doc_id, title=source.title
+            )
+        )
+    return answer
 
 
 async def _server(*adders: Any) -> tuple[aio.Server, str]:

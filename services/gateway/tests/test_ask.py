@@ -41,6 +41,10 @@ def stages(response: gateway_pb2.AskResponse | gateway_pb2.SearchResponse) -> se
 
 async def test_an_answer_cites_passages_it_read_and_lists_what_it_explored() -> None:
     async with running_gateway(gateway_rerank=True) as gateway:
+        # The passages hold the fake extractor's facts and what the fake narrator says (an
+        # unsupported fact or sentence is dropped).
+        gateway.fakes.chunk_texts = {n: f"Fact from {n}. More of {n}." for n in ("c0", "c1", "c4")}
+        gateway.fakes.chunk_texts["c3"] = "Fact from c3. The answer is here in the text."
         response = await gateway.stub.Ask(ask(include_facts=True), timeout=10)
     assert response.answered and response.answer == "".join(NARRATOR_DELTAS)
     assert not response.degradations
