@@ -127,10 +127,49 @@ def _score(questions: list[dict[str, Any]], threads: int) -> None:
         ]
 
 
+def _local_search(questions: list[dict[str, Any]], threads: int, depth: int) -> None:
+    """The mesh-free stand-in for the gateway's search (``collect-local``): BM25 over the corpus
+    chunked as ingestion chunks it, the top ``depth`` chunks reranked by the cross-encoder in
+    this process; no dense leg, no fusion, no blend. For tuning while no mesh holds the corpus."""
+    from ragmesh_cli.rerankerbuild.mining import bm25_collection, chunk_corpus, read_beir_corpus
+
+    corpus = chunk_corpus(read_beir_corpus(SCIFACT / "corpus.jsonl.gz"), "scifact")
+    workdir = CACHE / "bm25"
+    workdir.mkdir(parents=True, exist_ok=True)
+    collection = bm25_collection(corpus, workdir)
+    index_of = {p.chunk_id: i for i, p in enumerate(corpus.passages)}
+    model = CrossEncoderModel.load(MODEL_DIR, threads=threads)
+    try:
+        for item in questions:
+            hits = [index_of[h.chunk_id] for h in collection.search_bm25(item["question"], depth, [])]
+            texts = [corpus.passages[i].text for i in hits]
+            scores = (
+                model.score_pairs_with_flags([item["question"]] * len(texts), texts)[0].tolist()
+                if texts
+                else []
+            )
+            ranked = sorted(zip(hits, scores, strict=True), key=lambda pair: -pair[1])[:TOP_K]
+            item["results"] = [
+                {
+                    "chunk_id": corpus.passages[i].chunk_id,
+                    "doc_id": corpus.passages[i].doc_id,
+                    "title": corpus.titles[corpus.passages[i].doc_id],
+                    "text": corpus.passages[i].text,
+                    "rerank": score,
+                }
+                for i, score in ranked
+            ]
+    finally:
+        collection.close()
+
+
 def collect(args: argparse.Namespace) -> None:
     name, questions = _questions(args.set, args.limit)
     started = time.perf_counter()
-    asyncio.run(_search(args.gateway, args.collection, questions, args.concurrency))
+    if args.gateway:
+        asyncio.run(_search(args.gateway, args.collection, questions, args.concurrency))
+    else:
+        _local_search(questions, args.threads, args.depth)
     searched = time.perf_counter()
     _score(questions, args.threads)
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -270,7 +309,8 @@ def main() -> None:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("collect")
-    c.add_argument("--gateway", required=True)
+    c.add_argument("--gateway", default="", help="a mesh's gateway; none: BM25 + cross-encoder in process")
+    c.add_argument("--depth", type=int, default=20, help="without --gateway: BM25 chunks reranked")
     c.add_argument("--set", required=True)
     c.add_argument("--collection", default="scifact")
     c.add_argument("--limit", type=int, default=None)

@@ -221,7 +221,10 @@ class Asker:
                 time.monotonic() + (end - time.monotonic()) * self.settings.gateway_ask_extract_share
             )
             with _deadline_scope(extract_end):
+                judge_started = time.perf_counter()
                 selection = await self._select(params, evidence, degradations)
+                if selection is not None:
+                    timings["judge"] = _ms(time.perf_counter() - judge_started)
                 if selection is not None and not selection.answered:
                     gate_reason = GATE_REASON
                 elif selection is not None and params.mode == EXTRACTIVE:
@@ -245,7 +248,9 @@ class Asker:
                     answer = event
             assert answer is not None
             if selection is not None:
+                support_started = time.perf_counter()
                 answer = await self._checked(answer, request, evidence, selection, degradations)
+                timings["support"] = _ms(time.perf_counter() - support_started)
         timings["narrate"] = _ms(time.perf_counter() - narrate_started)
         timings["total"] = _ms(time.perf_counter() - started)
         for stage in ("extract", "narrate"):

@@ -223,9 +223,11 @@ class FakeExtractor(extractor_pb2_grpc.ExtractorServiceServicer):
 
     async def Extract(self, request: Any, context: aio.ServicerContext) -> extractor_pb2.ExtractResponse:
         await self.fakes.act("extractor", request, context)
+        quote = self.fakes.behaviour.get("extractor") == "quote"
         facts = [
             extractor_pb2.Fact(
-                text=f"Fact from {NAME_OF[p.id]}.",
+                # "quote": the passage itself is the fact.
+                text=p.text if quote else f"Fact from {NAME_OF[p.id]}.",
                 passage_id=p.id,
                 doc_id=p.doc_id,
                 origin=extractor_pb2.FACT_ORIGIN_LLM,
