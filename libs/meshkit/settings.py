@@ -650,11 +650,11 @@ class GatewaySettings(MeshSettings):
         "scores at least this (log-odds) with it; else it is rebound to a passage that does, or dropped.",
     )
     gateway_ask_support_min_coverage: float = Field(
-        0.5,
+        0.6,
         ge=0,
         le=1,
         description="Support check's first filter: a passage sentence can support an answer sentence or fact "
-        "only if it holds this share of its content words.",
+        "only if it holds this share of its content words (compared by their first 5 letters).",
     )
     gateway_ask_support_pairs: int = Field(
         16, ge=1, description="Passage sentences scored per answer sentence or fact in the support check."

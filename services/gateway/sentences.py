@@ -25,6 +25,9 @@ from meshkit.answering import content_words, coverage, passage_sentences, strip_
 MAX_SENTENCE_CHARS = 600
 # Sentences of each cited passage an answer sentence is scored against before any other's.
 PREFERRED_PAIRS = 6
+# Words compared by their first letters in the support filter, so "reduces" meets "reduced" and
+# "fracture" meets "fractures" (an answer restates, it rarely quotes).
+STEM_CHARS = 5
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,16 @@ def candidates(
     return sorted(ranked, key=lambda c: (c.passage, c.position))
 
 
+def _stems(text: str) -> set[str]:
+    return {w[:STEM_CHARS] for w in content_words(text)}
+
+
+def stem_coverage(part: str, whole: str) -> float:
+    """Share of ``part``'s content words (by their first STEM_CHARS letters) found in ``whole``."""
+    wanted = _stems(part)
+    return len(wanted & _stems(whole)) / len(wanted) if wanted else 1.0
+
+
 def question_coverage(query: str, texts: Sequence[str]) -> float:
     """Share of the question's content words found in any of ``texts``."""
     words = content_words(query)
@@ -169,14 +182,15 @@ def support_candidates(
     per_passage: list[list[Candidate]] = []
     for index, text in enumerate(passage_texts):
         own = [Candidate(index, i, s[:MAX_SENTENCE_CHARS]) for i, s in enumerate(passage_sentences(text))]
-        close = [c for c in own if coverage(body, c.text) >= rules.min_coverage]
-        per_passage.append(sorted(close, key=lambda c: (-coverage(body, c.text), c.position)))
+        close = [(c, stem_coverage(body, c.text)) for c in own]
+        close = [(c, share) for c, share in close if share >= rules.min_coverage]
+        per_passage.append([c for c, _ in sorted(close, key=lambda pair: (-pair[1], pair[0].position))])
     order = [
         *(c for p in preferred if 0 <= p < len(per_passage) for c in per_passage[p][:PREFERRED_PAIRS]),
         *(own[0] for own in per_passage if own),
         *sorted(
             (c for own in per_passage for c in own[1:]),
-            key=lambda c: (-coverage(body, c.text), c.passage, c.position),
+            key=lambda c: (-stem_coverage(body, c.text), c.passage, c.position),
         ),
     ]
     chosen: list[Candidate] = []
