@@ -208,7 +208,8 @@ def replay(
         key = (original[c.passage], c.position)
         if key in cached:
             scored.append(Scored(Candidate(c.passage, c.position, c.text), cached[key][1]))
-    return read, select(item["question"], scored, [r["text"] for r in read], rules)
+    passage_scores = [r["rerank"] if r["rerank"] is not None else floor for r in read]
+    return read, select(item["question"], scored, [r["text"] for r in read], passage_scores, rules)
 
 
 def evaluate(
@@ -247,15 +248,22 @@ def tune(args: argparse.Namespace) -> None:
     answerable = [_load(n) for n in args.answerable]
     unanswerable = [_load(n) for n in args.unanswerable]
     grid = itertools.product(
-        args.gate, args.coverage, args.margin, args.max_cited, args.per_passage, args.sentence_margin
+        args.gate,
+        args.coverage,
+        args.margin,
+        args.max_cited,
+        args.per_passage,
+        args.sentence_margin,
+        args.weight,
     )
     rows = []
-    for gate, cov, margin, max_cited, per_passage, sentence_margin in grid:
+    for gate, cov, margin, max_cited, per_passage, sentence_margin, weight in grid:
         rules = SelectionRules(
             gate_min_score=gate,
             gate_min_coverage=cov,
             fact_min_score=args.fact_min,
             max_facts=args.max_facts,
+            sentence_weight=weight,
             cite_margin=margin,
             max_cited_passages=max_cited,
             sentences_per_passage=per_passage,
@@ -263,10 +271,11 @@ def tune(args: argparse.Namespace) -> None:
         )
         a = evaluate(answerable, rules, args.floor, args.passages, args.max_pairs)
         u = evaluate(unanswerable, rules, args.floor, args.passages, args.max_pairs)
-        rows.append((gate, cov, margin, max_cited, per_passage, sentence_margin, a, u["refused"]))
-    for gate, cov, margin, max_cited, per_passage, sm, a, refused in rows:
+        rows.append((gate, cov, margin, max_cited, per_passage, sentence_margin, weight, a, u["refused"]))
+    for gate, cov, margin, max_cited, per_passage, sm, weight, a, refused in rows:
         print(
-            f"gate {gate:5.1f} cov {cov:.2f} margin {margin:.1f} cited<={max_cited} per {per_passage} "
+            f"gate {gate:5.1f} cov {cov:.2f} w {weight:.1f} margin {margin:.1f} "
+            f"cited<={max_cited} per {per_passage} "
             f"sm {sm:.1f} | answered {a['answered']:.3f} gold {a['gold_cited']:.3f} "
             f"prec {a['precision']:.3f} rat {a['rationale_recall']:.3f} | refused {refused:.3f}"
         )
@@ -327,6 +336,7 @@ def main() -> None:
         t.add_argument("--max-cited", nargs="+", type=int, default=[2])
         t.add_argument("--per-passage", nargs="+", type=int, default=[2])
         t.add_argument("--sentence-margin", nargs="+", type=float, default=[1.0])
+        t.add_argument("--weight", nargs="+", type=float, default=[0.5])
         t.add_argument("--fact-min", type=float, default=0.0)
         t.add_argument("--max-facts", type=int, default=8)
         t.add_argument("--floor", type=float, default=-2.0)

@@ -630,10 +630,17 @@ class GatewaySettings(MeshSettings):
         0.0, description="Sentences scoring at least this (log-odds) are facts (the best always is)."
     )
     gateway_ask_max_facts: int = Field(8, ge=1, description="Most facts an Ask passes on and returns.")
+    gateway_ask_sentence_weight: float = Field(
+        0.5,
+        ge=0,
+        description="A passage's strength, which orders its citation: its reranker score plus this times its "
+        "best sentence's score.",
+    )
     gateway_ask_cite_margin: float = Field(
         1.0,
         ge=0,
-        description="An answer cites the passages whose best sentence is within this (log-odds) of the best.",
+        description="An extractive answer cites the passages whose strength is within this (log-odds) of the "
+        "strongest's.",
     )
     gateway_ask_max_cited: int = Field(2, ge=1, description="Most passages an extractive answer cites.")
     gateway_ask_sentences_per_passage: int = Field(

@@ -285,6 +285,7 @@ class Asker:
             gate_min_coverage=s.gateway_ask_gate_min_coverage,
             fact_min_score=s.gateway_ask_fact_min_score,
             max_facts=s.gateway_ask_max_facts,
+            sentence_weight=s.gateway_ask_sentence_weight,
             cite_margin=s.gateway_ask_cite_margin,
             max_cited_passages=s.gateway_ask_max_cited,
             sentences_per_passage=s.gateway_ask_sentences_per_passage,
@@ -309,6 +310,7 @@ class Asker:
             return await self.judge.select(
                 params.search.query,
                 [(item.chunk.title, item.chunk.text) for item in evidence],
+                [item.score for item in evidence],
                 self._selection_rules(),
                 max_passages=self.settings.gateway_ask_sentence_passages,
                 max_pairs=self.settings.gateway_ask_sentence_pairs,

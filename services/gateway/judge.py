@@ -66,18 +66,21 @@ class SentenceJudge:
         self,
         query: str,
         passages: Sequence[tuple[str, str]],
+        passage_scores: Sequence[float],
         rules: SelectionRules,
         *,
         max_passages: int,
         max_pairs: int,
     ) -> Selection:
-        """Score the passages' (title, text) candidate sentences against the question; select()."""
+        """Score the passages' (title, text) candidate sentences against the question; select()
+        with the passages' own (reranker) scores."""
         found = candidates(
             query, passages, max_passages=max_passages, max_sentences=max_pairs, max_pairs=max_pairs
         )
         scores = await self.score(query, [c.text for c in found])
         texts = [text for _, text in passages[:max_passages]]
-        return select(query, [Scored(c, s) for c, s in zip(found, scores, strict=True)], texts, rules)
+        judged = [Scored(c, s) for c, s in zip(found, scores, strict=True)]
+        return select(query, judged, texts, passage_scores[:max_passages], rules)
 
     async def support(
         self,

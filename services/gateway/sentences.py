@@ -66,7 +66,10 @@ class SelectionRules:
     # Facts: sentences scoring at least this, best first, at most max_facts.
     fact_min_score: float
     max_facts: int
-    # Citations: passages whose best sentence is within cite_margin of the answer's best.
+    # Citations: passages whose strength (their own score plus sentence_weight times their best
+    # sentence's) is within cite_margin of the strongest's. The passage score (the reranker read
+    # the whole passage) ranks the gold document first more often than the best sentence alone.
+    sentence_weight: float
     cite_margin: float
     max_cited_passages: int
     # Sentences stated per cited passage: its best, and those within sentence_margin of it.
@@ -129,9 +132,16 @@ def question_coverage(query: str, texts: Sequence[str]) -> float:
     return len(words & seen) / len(words)
 
 
-def select(query: str, scored: Sequence[Scored], texts: Sequence[str], rules: SelectionRules) -> Selection:
+def select(
+    query: str,
+    scored: Sequence[Scored],
+    texts: Sequence[str],
+    passage_scores: Sequence[float],
+    rules: SelectionRules,
+) -> Selection:
     """The gate's verdict, the facts and the answer's sentences from the scored candidates of
-    passages whose texts are ``texts`` (by passage index)."""
+    passages whose texts are ``texts`` and whose own scores are ``passage_scores`` (by passage
+    index)."""
     ranked = sorted(scored, key=lambda s: (-s.score, s.passage, s.candidate.position))
     best = ranked[0].score if ranked else None
     read = sorted({s.passage for s in ranked})
@@ -140,12 +150,15 @@ def select(query: str, scored: Sequence[Scored], texts: Sequence[str], rules: Se
     if not answered or best is None:
         return Selection(False, [], [], best, share)
     facts = [s for s in ranked if s.score >= rules.fact_min_score][: rules.max_facts] or ranked[:1]
-    cited: list[int] = []
+    best_sentence: dict[int, float] = {}
     for item in ranked:
-        if item.score < best - rules.cite_margin or len(cited) == rules.max_cited_passages:
-            break
-        if item.passage not in cited:
-            cited.append(item.passage)
+        best_sentence.setdefault(item.passage, item.score)
+    strength = {p: passage_scores[p] + rules.sentence_weight * top for p, top in best_sentence.items()}
+    strongest = max(strength.values())
+    cited = sorted(
+        (p for p in strength if strength[p] >= strongest - rules.cite_margin),
+        key=lambda p: (-strength[p], p),
+    )[: rules.max_cited_passages]
     answer: list[Scored] = []
     for passage in cited:
         own = [s for s in ranked if s.passage == passage]

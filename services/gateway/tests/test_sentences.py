@@ -18,12 +18,15 @@ RULES = SelectionRules(
     gate_min_coverage=0.5,
     fact_min_score=-1.0,
     max_facts=4,
+    sentence_weight=1.0,
     cite_margin=1.0,
     max_cited_passages=2,
     sentences_per_passage=2,
     sentence_margin=1.0,
 )
 QUERY = "Does vitamin D supplementation reduce hip fractures?"
+# The passages' own (reranker) scores: all equal unless a test says otherwise.
+EVEN = [0.0, 0.0, 0.0]
 TEXTS = [
     "Vitamin D trial. Supplementation with vitamin D reduced hip fractures. Compliance was high. "
     "The reduction held for hip fractures in women.",
@@ -41,6 +44,7 @@ def test_several_sentences_of_one_passage_are_stated_in_the_passages_order() -> 
         QUERY,
         [scored(0, 3, 2.5), scored(0, 1, 3.0), scored(0, 2, -0.5), scored(1, 0, 0.2)],
         TEXTS,
+        EVEN,
         RULES,
     )
     assert chosen.answered
@@ -52,19 +56,26 @@ def test_several_sentences_of_one_passage_are_stated_in_the_passages_order() -> 
 
 def test_citations_go_to_passages_close_to_the_best_and_no_more_than_the_cap() -> None:
     many = [scored(0, 0, 3.0), scored(1, 0, 2.5), scored(2, 0, 2.2)]
-    chosen = select(QUERY, many, TEXTS, RULES)
+    chosen = select(QUERY, many, TEXTS, EVEN, RULES)
     assert sorted({s.passage for s in chosen.answer}) == [0, 1]
 
 
+def test_a_passage_the_reranker_scored_higher_is_cited_before_a_slightly_better_sentence() -> None:
+    # Passage 1's best sentence is 0.5 ahead, but the reranker read passage 0 whole and put it
+    # 2.0 ahead: passage 0 is the stronger (1.0 + 3.0 against -1.0 + 3.5) and the only one cited.
+    chosen = select(QUERY, [scored(0, 0, 3.0), scored(1, 0, 3.5)], TEXTS, [1.0, -1.0, 0.0], RULES)
+    assert {s.passage for s in chosen.answer} == {0}
+
+
 def test_the_gate_refuses_when_no_sentence_scores_high_enough() -> None:
-    chosen = select(QUERY, [scored(0, 0, -0.1), scored(1, 0, -3.0)], TEXTS, RULES)
+    chosen = select(QUERY, [scored(0, 0, -0.1), scored(1, 0, -3.0)], TEXTS, EVEN, RULES)
     assert not chosen.answered and chosen.answer == [] and chosen.facts == []
     assert chosen.best_score == -0.1
 
 
 def test_the_gate_refuses_a_question_whose_words_the_passages_do_not_hold() -> None:
     # A confident model on a question about something else: the words decide.
-    chosen = select("How do I bake sourdough bread at home?", [scored(0, 0, 4.0)], TEXTS, RULES)
+    chosen = select("How do I bake sourdough bread at home?", [scored(0, 0, 4.0)], TEXTS, EVEN, RULES)
     assert not chosen.answered
     assert chosen.question_coverage == 0.0
 
