@@ -260,7 +260,7 @@ def tune(args: argparse.Namespace) -> None:
     for gate, cov, margin, max_cited, per_passage, sentence_margin, weight in grid:
         rules = SelectionRules(
             gate_min_score=gate,
-            gate_min_coverage=cov,
+            gate_coverage_weight=cov,
             fact_min_score=args.fact_min,
             max_facts=args.max_facts,
             sentence_weight=weight,

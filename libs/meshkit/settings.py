@@ -596,7 +596,7 @@ class GatewaySettings(MeshSettings):
     gateway_ask_passages: int = Field(10, ge=1, description="Passages read for evidence by default.")
     gateway_ask_max_passages: int = Field(50, ge=1, description="Largest passages an Ask may ask for.")
     gateway_ask_min_rerank_score: float = Field(
-        -2.0,
+        -4.0,
         description="Evidence gate: reranked passages scoring under this (log-odds) are not read; with none "
         "left, the answer says the documents do not say.",
     )
@@ -616,15 +616,13 @@ class GatewaySettings(MeshSettings):
         "words with the question are kept. Bounds the cost: ~1 s per 60 pairs per CPU core.",
     )
     gateway_ask_gate_min_score: float = Field(
-        0.0,
-        description="Evidence gate: the best sentence's log-odds must reach this (tuned on SciFact train and "
-        "off-domain questions, bench/answer_tune.py).",
+        1.0,
+        description="Evidence gate: the strongest passage's strength (see gateway_ask_sentence_weight) plus "
+        "gateway_ask_gate_coverage_weight x the share of the question's content words the passages read hold "
+        "must reach this (tuned on SciFact train claims and off-domain questions, bench/answer_tune.py).",
     )
-    gateway_ask_gate_min_coverage: float = Field(
-        0.5,
-        ge=0,
-        le=1,
-        description="Evidence gate: share of the question's content words the passages read must hold.",
+    gateway_ask_gate_coverage_weight: float = Field(
+        6.0, ge=0, description="Evidence gate: the weight of the question's word coverage (see above)."
     )
     gateway_ask_fact_min_score: float = Field(
         0.0, description="Sentences scoring at least this (log-odds) are facts (the best always is)."

@@ -282,7 +282,7 @@ class Asker:
         s = self.settings
         return SelectionRules(
             gate_min_score=s.gateway_ask_gate_min_score,
-            gate_min_coverage=s.gateway_ask_gate_min_coverage,
+            gate_coverage_weight=s.gateway_ask_gate_coverage_weight,
             fact_min_score=s.gateway_ask_fact_min_score,
             max_facts=s.gateway_ask_max_facts,
             sentence_weight=s.gateway_ask_sentence_weight,

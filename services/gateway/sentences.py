@@ -58,11 +58,12 @@ class Scored:
 class SelectionRules:
     """How sentences become an answer (see select); defaults are GatewaySettings'."""
 
-    # Evidence gate: the best sentence must score at least this, and the question's content
-    # words must be found in the passages read at least gate_min_coverage (a question about
-    # something else shares few words with them, whatever the model thinks).
+    # Evidence gate: the strongest passage's strength (see sentence_weight) plus
+    # gate_coverage_weight times the share of the question's content words the passages read
+    # hold must reach gate_min_score. The words carry the verdict to corpora the cross-encoder
+    # was not trained on (it is confident about questions it has never seen the like of).
     gate_min_score: float
-    gate_min_coverage: float
+    gate_coverage_weight: float
     # Facts: sentences scoring at least this, best first, at most max_facts.
     fact_min_score: float
     max_facts: int
@@ -85,7 +86,8 @@ class Selection:
     # What the answer states, in reading order: cited passages by their best sentence, each
     # passage's sentences in the order the passage has them.
     answer: list[Scored]
-    best_score: float | None
+    # The gate's evidence score (see SelectionRules); None when no sentence was scored.
+    evidence_score: float | None
     question_coverage: float
 
 
@@ -143,18 +145,18 @@ def select(
     passages whose texts are ``texts`` and whose own scores are ``passage_scores`` (by passage
     index)."""
     ranked = sorted(scored, key=lambda s: (-s.score, s.passage, s.candidate.position))
-    best = ranked[0].score if ranked else None
-    read = sorted({s.passage for s in ranked})
-    share = question_coverage(query, [texts[i] for i in read])
-    answered = best is not None and best >= rules.gate_min_score and share >= rules.gate_min_coverage
-    if not answered or best is None:
-        return Selection(False, [], [], best, share)
-    facts = [s for s in ranked if s.score >= rules.fact_min_score][: rules.max_facts] or ranked[:1]
+    share = question_coverage(query, texts)
+    if not ranked:
+        return Selection(False, [], [], None, share)
     best_sentence: dict[int, float] = {}
     for item in ranked:
         best_sentence.setdefault(item.passage, item.score)
     strength = {p: passage_scores[p] + rules.sentence_weight * top for p, top in best_sentence.items()}
     strongest = max(strength.values())
+    evidence = strongest + rules.gate_coverage_weight * share
+    if evidence < rules.gate_min_score:
+        return Selection(False, [], [], evidence, share)
+    facts = [s for s in ranked if s.score >= rules.fact_min_score][: rules.max_facts] or ranked[:1]
     cited = sorted(
         (p for p in strength if strength[p] >= strongest - rules.cite_margin),
         key=lambda p: (-strength[p], p),
@@ -165,7 +167,7 @@ def select(
         top = own[0].score
         chosen = [s for s in own if s.score >= top - rules.sentence_margin][: rules.sentences_per_passage]
         answer.extend(sorted(chosen, key=lambda s: s.candidate.position))
-    return Selection(True, facts, answer, best, share)
+    return Selection(True, facts, answer, evidence, share)
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ async def test_an_answer_cites_passages_it_read_and_lists_what_it_explored() -> 
 
 async def test_no_passage_above_the_evidence_floor_means_the_documents_do_not_say() -> None:
     async with running_gateway(gateway_rerank=True) as gateway:
-        gateway.fakes.rerank_scores = dict.fromkeys(gateway.fakes.rerank_scores, -4.0)
+        gateway.fakes.rerank_scores = dict.fromkeys(gateway.fakes.rerank_scores, -4.5)
         response = await gateway.stub.Ask(ask(), timeout=10)
     assert not response.answered and not response.sources and not response.citations
     assert gateway.fakes.calls["extractor"] == 0

@@ -28,9 +28,9 @@ def ask(mode: int = gateway_pb2.ANSWER_MODE_EXTRACTIVE) -> gateway_pb2.AskReques
 
 
 @asynccontextmanager
-async def judged(scores: dict[str | tuple[str, str], float]) -> AsyncIterator[Gateway]:
+async def judged(scores: dict[str | tuple[str, str], float], **settings: object) -> AsyncIterator[Gateway]:
     """A reranking gateway whose judge scores every pair -3 but those in ``scores``."""
-    async with running_gateway(gateway_rerank=True) as gateway:
+    async with running_gateway(gateway_rerank=True, **settings) as gateway:
         gateway.fakes.chunk_texts = dict(TEXTS)
         gateway.fakes.default_sentence_score = -3.0
         gateway.fakes.sentence_scores = scores
@@ -67,7 +67,8 @@ async def test_an_extractive_answer_states_the_judged_sentences_of_few_strong_pa
 
 
 async def test_the_gate_says_the_documents_do_not_say_when_no_sentence_answers() -> None:
-    async with judged({}) as gateway:
+    # The best passage: reranker 3.0, best sentence -3: strength 1.5, under the gate's 2.0.
+    async with judged({}, gateway_ask_gate_min_score=2.0) as gateway:
         response = await gateway.stub.Ask(ask(), timeout=10)
     assert not response.answered and not response.citations and not response.sentences
     assert GATE_REASON in response.answer

@@ -14,8 +14,8 @@ from services.gateway.sentences import (
 )
 
 RULES = SelectionRules(
-    gate_min_score=0.0,
-    gate_min_coverage=0.5,
+    gate_min_score=1.0,
+    gate_coverage_weight=6.0,
     fact_min_score=-1.0,
     max_facts=4,
     sentence_weight=1.0,
@@ -67,17 +67,22 @@ def test_a_passage_the_reranker_scored_higher_is_cited_before_a_slightly_better_
     assert {s.passage for s in chosen.answer} == {0}
 
 
-def test_the_gate_refuses_when_no_sentence_scores_high_enough() -> None:
-    chosen = select(QUERY, [scored(0, 0, -0.1), scored(1, 0, -3.0)], TEXTS, EVEN, RULES)
+def test_the_gate_refuses_weak_evidence_even_when_the_words_match() -> None:
+    # Strength -5 + 1.0 * -2 = -7; the words (0.8 of the question) add 4.8: -2.2 < 1.
+    chosen = select(QUERY, [scored(0, 0, -2.0), scored(1, 0, -3.0)], TEXTS, [-5.0, -5.0, -5.0], RULES)
     assert not chosen.answered and chosen.answer == [] and chosen.facts == []
-    assert chosen.best_score == -0.1
+    assert chosen.question_coverage == 0.8
+    assert chosen.evidence_score is not None and round(chosen.evidence_score, 3) == -2.2
 
 
-def test_the_gate_refuses_a_question_whose_words_the_passages_do_not_hold() -> None:
-    # A confident model on a question about something else: the words decide.
-    chosen = select("How do I bake sourdough bread at home?", [scored(0, 0, 4.0)], TEXTS, EVEN, RULES)
-    assert not chosen.answered
-    assert chosen.question_coverage == 0.0
+def test_the_gate_weighs_the_words_of_the_question_found_in_the_passages() -> None:
+    # The same scores: a question whose words the passages hold is answered, one about
+    # something else is not (the model is confident about both).
+    evidence, passages = [scored(0, 0, 1.5)], [-1.0, 0.0, 0.0]
+    assert select(QUERY, evidence, TEXTS, passages, RULES).answered
+    off_topic = select("How do I bake sourdough bread at home?", evidence, TEXTS, passages, RULES)
+    assert not off_topic.answered
+    assert off_topic.question_coverage == 0.0
 
 
 def test_candidates_keep_the_sentences_closest_to_the_question_when_over_the_pair_bound() -> None:

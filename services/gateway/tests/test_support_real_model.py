@@ -93,7 +93,6 @@ async def test_fluent_cited_unsupported_sentences_are_rebound_or_dropped(model: 
             gateway_rerank=True,
             narrator_address=f"127.0.0.1:{narrator.port}",
             reranker_address=f"127.0.0.1:{reranker.port}",
-            gateway_ask_gate_min_coverage=0.5,
         ) as gateway:
             gateway.fakes.chunk_texts = dict(CHUNKS)
             gateway.fakes.behaviour["extractor"] = "quote"
