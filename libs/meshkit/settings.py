@@ -655,7 +655,7 @@ class GatewaySettings(MeshSettings):
         "scores at least this (log-odds) with it; else it is rebound to a passage that does, or dropped.",
     )
     gateway_ask_support_min_coverage: float = Field(
-        0.6,
+        0.7,
         ge=0,
         le=1,
         description="Support check's first filter: a passage sentence can support an answer sentence or fact "

@@ -28,8 +28,12 @@ from services.reranker.servicer import build_spec as reranker_spec
 ModelT = TypeVar("ModelT", bound=BaseModel)
 MODEL_DIR = Path(__file__).resolve().parents[3] / "models" / "reranker" / "ragmesh-minilm-l6-ce-v1"
 QUERY = "Does vitamin D supplementation reduce the risk of fractures?"
+# Its middle sentence is the SciFact abstract's (doc 275294) that the demo's LLM answer cited:
+# the cross-encoder scores the claim against it higher (1.97) than against the meta-analysis
+# (1.81), but it holds only 3 of the claim's 5 content words ("supplementation", "reduces" not).
 CUTANEOUS = (
-    "Cutaneous production of vitamin D declines with age. "
+    "Cutaneous production of vitamin D declines with age. Vitamin D insufficiency and deficiency "
+    "exacerbate osteoporosis, cause osteomalacia, and increase the risk of skeletal fractures. "
     "Supplementation of vitamin D in the elderly is common."
 )
 META_ANALYSIS = (
