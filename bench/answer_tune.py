@@ -312,6 +312,55 @@ def calibrate(args: argparse.Namespace) -> None:
         print(f"threshold {t:5.1f}: rationale accepted {pos:.3f}, non-rationale rejected {neg:.3f}")
 
 
+async def _ask_all(address: str, collection: str, questions: list[dict[str, Any]], concurrency: int) -> None:
+    gate = asyncio.Semaphore(concurrency)
+    async with open_channel(address) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+
+        async def one(item: dict[str, Any]) -> None:
+            request = gateway_pb2.AskRequest(
+                collection=collection, query=item["question"], mode=gateway_pb2.ANSWER_MODE_EXTRACTIVE
+            )
+            async with gate:
+                started = time.perf_counter()
+                reply = await stub.Ask(request, timeout=120)
+            item["ms"] = (time.perf_counter() - started) * 1000
+            item["answered"] = reply.answered
+            item["cited"] = sorted({c.doc_id for c in reply.citations})
+            item["answer"] = reply.answer
+
+        await asyncio.gather(*(one(q) for q in questions))
+
+
+def ask(args: argparse.Namespace) -> None:
+    """Each question of a question file asked (extractive) through the gateway: answered and
+    gold-cited shares on the answerable ones, the refused share on the others."""
+    _name, questions = _questions(args.set, None)
+    asyncio.run(_ask_all(args.gateway, args.collection, questions, args.concurrency))
+    answerable = [q for q in questions if q["answerable"]]
+    other = [q for q in questions if not q["answerable"]]
+    if answerable:
+        answered = sum(q["answered"] for q in answerable) / len(answerable)
+        gold = sum(bool(set(q["cited"]) & set(q["gold"])) for q in answerable) / len(answerable)
+        print(f"answerable {len(answerable)}: answered {answered:.3f}, gold cited {gold:.3f}")
+    if other:
+        refused = sum(not q["answered"] for q in other) / len(other)
+        print(f"unanswerable {len(other)}: refused {refused:.3f}")
+    times = sorted(q["ms"] for q in questions)
+    print(f"Ask p50 {times[len(times) // 2]:.0f} ms")
+    if args.verbose:
+        for q in questions:
+            print(
+                q["answerable"],
+                q["answered"],
+                q["gold"],
+                q["cited"],
+                q["question"][:60],
+                "|",
+                q["answer"][:100],
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -326,6 +375,12 @@ def main() -> None:
     c.add_argument("--concurrency", type=int, default=2)
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--suffix", default="", help="appended to the cache name (e.g. -on-grpc)")
+    a = sub.add_parser("ask")
+    a.add_argument("--gateway", required=True)
+    a.add_argument("--set", required=True)
+    a.add_argument("--collection", default="grpc-docs")
+    a.add_argument("--concurrency", type=int, default=2)
+    a.add_argument("--verbose", action="store_true")
     for name in ("tune", "calibrate"):
         t = sub.add_parser(name)
         t.add_argument("--answerable", nargs="*", default=[])
@@ -343,7 +398,7 @@ def main() -> None:
         t.add_argument("--passages", type=int, default=6)
         t.add_argument("--max-pairs", type=int, default=48)
     args = parser.parse_args()
-    {"collect": collect, "tune": tune, "calibrate": calibrate}[args.command](args)
+    {"collect": collect, "tune": tune, "calibrate": calibrate, "ask": ask}[args.command](args)
 
 
 if __name__ == "__main__":
