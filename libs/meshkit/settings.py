@@ -616,16 +616,16 @@ class GatewaySettings(MeshSettings):
         "words with the question are kept. Bounds the cost: ~1 s per 60 pairs per CPU core.",
     )
     gateway_ask_gate_min_score: float = Field(
-        1.0,
+        3.5,
         description="Evidence gate: the strongest passage's strength (see gateway_ask_sentence_weight) plus "
         "gateway_ask_gate_coverage_weight x the share of the question's content words the passages read hold "
         "must reach this (tuned on SciFact train claims and off-domain questions, bench/answer_tune.py).",
     )
     gateway_ask_gate_coverage_weight: float = Field(
-        6.0, ge=0, description="Evidence gate: the weight of the question's word coverage (see above)."
+        10.0, ge=0, description="Evidence gate: the weight of the question's word coverage (see above)."
     )
     gateway_ask_fact_min_score: float = Field(
-        0.0, description="Sentences scoring at least this (log-odds) are facts (the best always is)."
+        -2.0, description="Sentences scoring at least this (log-odds) are facts (the best always is)."
     )
     gateway_ask_max_facts: int = Field(8, ge=1, description="Most facts an Ask passes on and returns.")
     gateway_ask_sentence_weight: float = Field(
@@ -645,7 +645,7 @@ class GatewaySettings(MeshSettings):
         2, ge=1, description="Most sentences an extractive answer states from one passage."
     )
     gateway_ask_sentence_margin: float = Field(
-        1.0,
+        2.0,
         ge=0,
         description="A passage's sentences within this (log-odds) of its best are stated with it.",
     )
