@@ -8,13 +8,15 @@
     # then, in seconds, as often as wanted:
     .venv/bin/python -m bench.answer_tune tune --answerable scifact-train --unanswerable qa-x-tune
 
-``collect`` searches each question once through the gateway (the passages an Ask reads, with
+``collect`` (without ``--gateway``: BM25 and the cross-encoder in this process, a stand-in for
+the mesh's search) searches each question once through the gateway (the passages an Ask reads, with
 their rerank scores) and scores every candidate sentence of them against the question with the
 shipped cross-encoder in this process (the same pairs the gateway sends the reranker), caching
 it all under .cache/answer_tune/. ``tune`` replays services.gateway.sentences.select, the code
 the gateway runs, over the cache for a grid of rules and prints, per rule: answered share and
 gold-cited share, citation precision and rationale recall on answerable sets, the refused share
-on unanswerable ones. ``calibrate`` prints the score distributions of rationale sentences
+on unanswerable ones. ``ask`` asks a question file through the gateway's Ask (answered, gold
+cited, refused, p50). ``calibrate`` prints the score distributions of rationale sentences
 (positives) against the other sentences of the gold documents and of other documents.
 """
 
