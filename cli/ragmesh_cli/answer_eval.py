@@ -8,7 +8,13 @@ For each judged query and each mode, one GatewayService.AskStream call (facts in
   content words (LLM facts paraphrase, so exact matching would undercount them);
 - ``valid_citation_share``: share of answer sentences (answered answers) whose every citation
   names a passage the answer was given (goal: 100%); a sentence with no citation is invalid;
+- ``citation_precision``: share of all citations (answered answers) that point to a gold document;
+- ``supported_share``: share of answer sentences the support check accepted: quoted from a
+  cited passage, or scored by the cross-encoder against the cited passages and kept (a sentence
+  checked only lexically, the reranker being down, is not counted as supported);
 - ``answered_share``: answers that did not say "the documents do not say";
+- ``unanswerable_refused_share`` (with ``--unanswerable FILE``): share of the file's questions
+  (answerable false, of ``--unanswerable-split``) that got "the documents do not say";
 - ``llm_written_share``: answers whose text the LLM wrote and verification kept (the rest fell
   back to the extractive answer, with a degradation saying why);
 - time to the first text delta and total time, p50 and p95, measured at the client.
@@ -31,6 +37,7 @@ from tqdm import tqdm
 
 from meshkit.answering import cited_numbers, coverage
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh_cli.ask import MODES, TimedAnswer, stream_ask
 from ragmesh_cli.channels import open_channel
 from ragmesh_cli.documents import InputError, sanitize_doc_id
@@ -63,6 +70,10 @@ class ModeScores:
     rationale_total: int = 0
     valid_sentences: int = 0
     answer_sentences: int = 0
+    supported_sentences: int = 0
+    citations: int = 0
+    gold_citations: int = 0
+    refused: list[float] = field(default_factory=list)
     answered: list[float] = field(default_factory=list)
     llm_written: list[float] = field(default_factory=list)
     first_token_ms: list[float] = field(default_factory=list)
@@ -104,6 +115,48 @@ def valid_sentences(response: gateway_pb2.AskResponse) -> tuple[int, int]:
     return sum(1 for n in numbers if n and set(n) <= bound), len(numbers)
 
 
+SUPPORTED_CHECKS = (narrator_pb2.SUPPORT_CHECK_QUOTED, narrator_pb2.SUPPORT_CHECK_CROSS_ENCODER)
+
+
+def supported_sentences(response: gateway_pb2.AskResponse) -> int:
+    """Answer sentences the support check accepted (see the module docstring)."""
+    return sum(1 for s in response.sentences if s.support_check in SUPPORTED_CHECKS)
+
+
+def gold_citations(response: gateway_pb2.AskResponse, gold: set[str]) -> tuple[int, int]:
+    """(citations pointing to a gold document, all citations) of one answer."""
+    return sum(1 for c in response.citations if c.doc_id in gold), len(response.citations)
+
+
+def read_unanswerable(path: Path, split: str) -> dict[str, str]:
+    """id -> question of the answerability file's unanswerable questions of ``split`` (all
+    splits when empty); one JSON object a line: id, question, answerable, split."""
+    questions: dict[str, str] = {}
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if record["answerable"] or (split and record.get("split") != split):
+                    continue
+                questions[str(record["id"])] = str(record["question"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InputError(f"{path}:{lineno}: not a question record ({exc})") from exc
+    if not questions:
+        raise InputError(f"{path}: no unanswerable questions in split {split!r}")
+    return questions
+
+
+def score_refusals(outcomes: Sequence[AnswerOutcome], scores: ModeScores) -> None:
+    """Adds each unanswerable question's verdict (refused: answered=false) to ``scores``."""
+    for outcome in outcomes:
+        if outcome.timed is None:
+            scores.errors[(outcome.error or "").split(":", 1)[0]] += 1
+            continue
+        scores.refused.append(0.0 if outcome.timed.response.answered else 1.0)
+
+
 def rationale_hits(response: gateway_pb2.AskResponse, gold: Sequence[Rationale]) -> int:
     facts_by_doc: dict[str, list[str]] = {}
     for fact in response.facts:
@@ -134,6 +187,10 @@ def score_mode(
             valid, total = valid_sentences(response)
             scores.valid_sentences += valid
             scores.answer_sentences += total
+            scores.supported_sentences += supported_sentences(response)
+            on_gold, cited = gold_citations(response, gold)
+            scores.gold_citations += on_gold
+            scores.citations += cited
         if rationales is not None:
             gold_sentences = rationales.get(outcome.query_id, [])
             scores.rationale_hits += rationale_hits(response, gold_sentences)
@@ -162,7 +219,15 @@ def mode_report(scores: ModeScores) -> dict[str, Any]:
         "valid_citation_share": round(scores.valid_sentences / scores.answer_sentences, 4)
         if scores.answer_sentences
         else None,
+        "citation_precision": round(scores.gold_citations / scores.citations, 4)
+        if scores.citations
+        else None,
+        "supported_share": round(scores.supported_sentences / scores.answer_sentences, 4)
+        if scores.answer_sentences
+        else None,
         "answered_share": _share(scores.answered),
+        "unanswerable_refused_share": _share(scores.refused),
+        "unanswerable_questions": len(scores.refused),
         "llm_written_share": _share(scores.llm_written),
         "answers": len(scores.total_ms),
         "answer_sentences": scores.answer_sentences,
@@ -220,7 +285,10 @@ def format_answer_report(report: Mapping[str, Any]) -> str:
             fmt(r["gold_cited_share"]),
             fmt(r["rationale_recall"]),
             fmt(r["valid_citation_share"]),
+            fmt(r["citation_precision"]),
+            fmt(r["supported_share"]),
             fmt(r["answered_share"]),
+            fmt(r["unanswerable_refused_share"]),
             fmt(r["llm_written_share"]),
             f"{r['first_token_ms']['p50']:.0f}/{r['first_token_ms']['p95']:.0f}",
             f"{r['total_ms']['p50']:.0f}/{r['total_ms']['p95']:.0f}",
@@ -233,7 +301,10 @@ def format_answer_report(report: Mapping[str, Any]) -> str:
         "GOLD CITED",
         "RATIONALE R",
         "VALID CIT",
+        "CIT PREC",
+        "SUPPORTED",
         "ANSWERED",
+        "REFUSED UNANS",
         "LLM TEXT",
         "TTFT p50/p95",
         "TOTAL p50/p95",
@@ -263,6 +334,11 @@ async def run_answer_eval(args: argparse.Namespace, gateway_address: str, ingest
     if not dataset.queries:
         raise InputError(f"{args.dataset}: no judged queries in split {args.split!r}")
     rationales = await asyncio.to_thread(read_rationales, dataset.root, args.split)
+    unanswerable = (
+        await asyncio.to_thread(read_unanswerable, Path(args.unanswerable), args.unanswerable_split)
+        if args.unanswerable
+        else {}
+    )
     collection = args.collection or dataset.name
     if args.ingest:
         await ensure_ingested(
@@ -290,7 +366,23 @@ async def run_answer_eval(args: argparse.Namespace, gateway_address: str, ingest
             outcomes = await collect_answers(
                 stub, requests, timeout_s=timeout_s, concurrency=args.concurrency, label=mode
             )
-            modes[mode] = mode_report(score_mode(outcomes, dataset, rationales))
+            scores = score_mode(outcomes, dataset, rationales)
+            if unanswerable:
+                asked = {
+                    qid: gateway_pb2.AskRequest(
+                        collection=collection, query=text, mode=MODES[mode], passages=args.passages
+                    )
+                    for qid, text in unanswerable.items()
+                }
+                refusals = await collect_answers(
+                    stub,
+                    asked,
+                    timeout_s=timeout_s,
+                    concurrency=args.concurrency,
+                    label=f"{mode}, unanswerable",
+                )
+                score_refusals(refusals, scores)
+            modes[mode] = mode_report(scores)
     report = {
         "dataset": dataset.name,
         "split": dataset.split,
@@ -301,6 +393,8 @@ async def run_answer_eval(args: argparse.Namespace, gateway_address: str, ingest
             "concurrency": args.concurrency,
             "deadline_ms": round(timeout_s * 1000),
             "limit": args.limit,
+            "unanswerable": args.unanswerable or None,
+            "unanswerable_split": args.unanswerable_split if args.unanswerable else None,
         },
         "modes": modes,
     }
@@ -322,4 +416,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--passages", type=int, default=0, help="with --answers: passages read per answer (default: server's)"
+    )
+    parser.add_argument(
+        "--unanswerable",
+        default=None,
+        metavar="FILE",
+        help="with --answers: an answerability file (JSON lines: id, question, answerable, split) whose "
+        "unanswerable questions are asked too; adds unanswerable_refused_share",
+    )
+    parser.add_argument(
+        "--unanswerable-split",
+        default="test",
+        help="with --unanswerable: the split asked (default test; empty: all)",
     )

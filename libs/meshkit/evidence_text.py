@@ -29,7 +29,7 @@ import re
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
-from meshkit.answering import split_sentences
+from meshkit.answering import content_words, split_sentences
 
 # (opener, closer) of template tags: Hugo shortcodes, Jinja/GitBook/Liquid tags, then Jinja/Go
 # template expressions. Longer openers first: "{{<" must not be read as "{{".
@@ -503,3 +503,11 @@ def _is_code_token(token: str) -> bool:
     """An operator, a call, or a dotted/snake_case identifier ("stub.GetFeature(point)")."""
     word = token.rstrip(".,:;!")
     return bool(_CODE_TOKEN.search(word)) or "_" in word.strip("_") or _DOTTED_NAME.search(word) is not None
+
+
+def passage_sentences(text: str, title: str = "") -> list[str]:
+    """The evidence sentences of a passage (facts, extractive answers, support checks), in
+    order, without the title line chunks start with (it restates what the citation shows).
+    Every "sentences of a passage" question of the answering stages goes through here."""
+    title_words = content_words(title) if title else set()
+    return [s for s in evidence_sentences(text) if content_words(s) and content_words(s) != title_words]

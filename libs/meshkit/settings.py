@@ -617,9 +617,73 @@ class GatewaySettings(MeshSettings):
     gateway_ask_passages: int = Field(10, ge=1, description="Passages read for evidence by default.")
     gateway_ask_max_passages: int = Field(50, ge=1, description="Largest passages an Ask may ask for.")
     gateway_ask_min_rerank_score: float = Field(
-        -2.0,
+        -4.0,
         description="Evidence gate: reranked passages scoring under this (log-odds) are not read; with none "
         "left, the answer says the documents do not say.",
+    )
+    gateway_ask_sentence_check: bool = Field(
+        True,
+        description="Score the passages' sentences against the question and the answer's sentences against "
+        "their citations with the reranker's cross-encoder (the evidence gate, extractive answers, support "
+        "checks); off or reranker down: the lexical checks alone, with a reranker degradation.",
+    )
+    gateway_ask_sentence_passages: int = Field(
+        6, ge=1, description="Passages (best first) whose sentences the cross-encoder scores for an Ask."
+    )
+    gateway_ask_sentence_pairs: int = Field(
+        48,
+        ge=1,
+        description="Most (question, sentence) pairs scored per Ask; over it, the sentences sharing most "
+        "words with the question are kept. Bounds the cost: ~1 s per 60 pairs per CPU core.",
+    )
+    gateway_ask_gate_min_score: float = Field(
+        3.5,
+        description="Evidence gate: the strongest passage's strength (see gateway_ask_sentence_weight) plus "
+        "gateway_ask_gate_coverage_weight x the share of the question's content words the passages read hold "
+        "must reach this (tuned on SciFact train claims and off-domain questions, bench/answer_tune.py).",
+    )
+    gateway_ask_gate_coverage_weight: float = Field(
+        10.0, ge=0, description="Evidence gate: the weight of the question's word coverage (see above)."
+    )
+    gateway_ask_fact_min_score: float = Field(
+        -2.0, description="Sentences scoring at least this (log-odds) are facts (the best always is)."
+    )
+    gateway_ask_max_facts: int = Field(8, ge=1, description="Most facts an Ask passes on and returns.")
+    gateway_ask_sentence_weight: float = Field(
+        0.5,
+        ge=0,
+        description="A passage's strength, which orders its citation: its reranker score plus this times its "
+        "best sentence's score.",
+    )
+    gateway_ask_cite_margin: float = Field(
+        1.0,
+        ge=0,
+        description="An extractive answer cites the passages whose strength is within this (log-odds) of the "
+        "strongest's.",
+    )
+    gateway_ask_max_cited: int = Field(2, ge=1, description="Most passages an extractive answer cites.")
+    gateway_ask_sentences_per_passage: int = Field(
+        2, ge=1, description="Most sentences an extractive answer states from one passage."
+    )
+    gateway_ask_sentence_margin: float = Field(
+        2.0,
+        ge=0,
+        description="A passage's sentences within this (log-odds) of its best are stated with it.",
+    )
+    gateway_ask_support_min_score: float = Field(
+        0.0,
+        description="An answer sentence or LLM fact is supported when a sentence of a passage it cites "
+        "scores at least this (log-odds) with it; else it is rebound to a passage that does, or dropped.",
+    )
+    gateway_ask_support_min_coverage: float = Field(
+        0.7,
+        ge=0,
+        le=1,
+        description="Support check's first filter: a passage sentence can support an answer sentence or fact "
+        "only if it holds this share of its content words (compared by their first 5 letters).",
+    )
+    gateway_ask_support_pairs: int = Field(
+        16, ge=1, description="Passage sentences scored per answer sentence or fact in the support check."
     )
     gateway_ask_timeout_s: float = Field(120.0, gt=0, description="Deadline of an Ask whose caller set none.")
     gateway_ask_search_share: float = Field(

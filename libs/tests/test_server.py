@@ -196,8 +196,10 @@ async def test_handler_sees_the_callers_deadline(start_fake: Any) -> None:
     with_deadline, without_deadline = served.fake.seen
     # Loose lower bounds: on a loaded machine the call may take seconds to reach the handler.
     assert with_deadline.deadline is not None
-    assert before + 5 < with_deadline.deadline <= after + 10.0
-    assert with_deadline.time_remaining is not None and 5 < with_deadline.time_remaining <= 10.0
+    # The wire carries the timeout, not the instant: the server's clock reads it on arrival
+    # (a little slack above the 10 s).
+    assert before + 5 < with_deadline.deadline <= after + 10.5
+    assert with_deadline.time_remaining is not None and 5 < with_deadline.time_remaining <= 10.5
     assert without_deadline.deadline is None
 
 

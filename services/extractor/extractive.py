@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
-from meshkit.answering import content_words, coverage, split_sentences
+from meshkit.answering import coverage, split_sentences
+from meshkit.evidence_text import passage_sentences
 from ragmesh.embedder.v1 import embedder_pb2
 from services.extractor.facts import EXTRACTIVE, Fact, Source
 
@@ -42,19 +43,12 @@ def clip(text: str, limit: int) -> str:
     return cut[:space] if space > limit // 2 else cut
 
 
-def _is_title(sentence: str, title: str) -> bool:
-    # Chunks start with their document's title (ingestion puts it there for the embedder); as
-    # a "fact" it only restates what the citation already shows.
-    return bool(title) and content_words(sentence) == content_words(title)
-
-
 def candidate_sentences(text: str, title: str = "") -> list[str]:
     """The sentences of a passage worth ranking: the first MAX_SENTENCES_PER_PASSAGE with a
     content word, other than the title line (all of them when none is left), each cut to
     MAX_FACT_CHARS."""
-    sentences = split_sentences(text)[:MAX_SENTENCES_PER_PASSAGE]
-    meaningful = [s for s in sentences if content_words(s) and not _is_title(s, title)] or sentences
-    return [clip(s, MAX_FACT_CHARS) for s in meaningful] or [clip(text, MAX_FACT_CHARS)]
+    sentences = passage_sentences(text, title)[:MAX_SENTENCES_PER_PASSAGE] or split_sentences(text)[:1]
+    return [clip(s, MAX_FACT_CHARS) for s in sentences] or [clip(text, MAX_FACT_CHARS)]
 
 
 def snippet(source: Source, query: str) -> str:

@@ -11,15 +11,19 @@ form is the same run with the text deltas ignored.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import math
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
-from meshkit.answering import NO_EVIDENCE_REASON, content_words, not_found_text, split_sentences
+from meshkit.answering import NO_EVIDENCE_REASON, not_found_text, strip_citations
 from meshkit.client import ClientPolicy, Downstream, DownstreamError
 from meshkit.errors import deadline_exceeded
+from meshkit.evidence_text import passage_sentences
 from meshkit.interceptors import deadline_var
 from meshkit.settings import GatewaySettings
 from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc
@@ -27,7 +31,10 @@ from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2
 from services.gateway import metrics
 from services.gateway.fusion import Fused
-from services.gateway.search import ERROR, REASON_OF, Degradation, Searcher, SearchOutcome
+from services.gateway.judge import SentenceJudge
+from services.gateway.rerank import RERANKER
+from services.gateway.search import ERROR, INVALID_OUTPUT, REASON_OF, Degradation, Searcher, SearchOutcome
+from services.gateway.sentences import Scored, Selection, SelectionRules, SupportRules
 from services.gateway.validation import SearchParams
 
 EXTRACTOR, NARRATOR = "extractor", "narrator"
@@ -38,6 +45,12 @@ REPLY_MARGIN_S = 0.1
 LOCAL_ANSWER_FACTS = 3
 # Longest passage start shown among the sources explored, and as a fallback fact.
 PREVIEW_CHARS = 240
+UNSUPPORTED = "unsupported"
+# The gate's "no" (the cross-encoder found no sentence that answers, or the question's words are
+# not in the passages read).
+GATE_REASON = "no sentence of the passages read answers this question"
+KEEP_NONE = -math.inf
+_MARKERLESS_STOP = re.compile(r"[\s.!?\"')\]]+$")
 
 
 @dataclass(frozen=True)
@@ -124,6 +137,16 @@ def _degradation(stage: str, target: str, reason_text: str) -> Degradation:
     )
 
 
+def _unchecked(exc: DownstreamError) -> Degradation:
+    """The cross-encoder could not judge sentences: the answer rests on the lexical checks."""
+    return Degradation(
+        RERANKER,
+        REASON_OF.get(exc.reason, ERROR),
+        exc.target,
+        f"sentences checked lexically only: {exc.target}: {exc.reason}: {exc.message}",
+    )
+
+
 def _from_error(stage: str, exc: DownstreamError) -> Degradation:
     return Degradation(
         stage, REASON_OF.get(exc.reason, ERROR), exc.target, f"{exc.target}: {exc.reason}: {exc.message}"
@@ -142,6 +165,8 @@ class Asker:
         self.searcher = searcher
         self.extractor = extractor
         self.narrator = narrator
+        reranker = searcher.backends.reranker
+        self.judge = SentenceJudge(reranker) if reranker is not None else None
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings, searcher: Searcher) -> Asker:
@@ -189,25 +214,45 @@ class Asker:
 
         degradations = list(searched.degradations)
         facts: list[extractor_pb2.Fact] = []
+        stated: list[extractor_pb2.Fact] | None = None
+        selection: Selection | None = None
+        gate_reason = NO_EVIDENCE_REASON
         if evidence:
             extract_started = time.perf_counter()
             extract_end = (
                 time.monotonic() + (end - time.monotonic()) * self.settings.gateway_ask_extract_share
             )
             with _deadline_scope(extract_end):
-                facts = await self._extract(params, evidence, degradations)
+                judge_started = time.perf_counter()
+                selection = await self._select(params, evidence, degradations)
+                if selection is not None:
+                    timings["judge"] = _ms(time.perf_counter() - judge_started)
+                if selection is not None and not selection.answered:
+                    gate_reason = GATE_REASON
+                elif selection is not None and params.mode == EXTRACTIVE:
+                    facts = selection_facts(selection.facts, evidence)
+                    stated = selection_facts(selection.answer, evidence)
+                else:
+                    facts = await self._extract(params, evidence, degradations)
+                    if selection is not None:
+                        facts = await self._supported_facts(facts, evidence, selection, degradations)
             timings["extract"] = _ms(time.perf_counter() - extract_started)
             yield Progress("extract", timings["extract"], len(facts))
 
         narrate_started = time.perf_counter()
         answer: narrator_pb2.Answer | None = None
+        request = self._narrate_request(params, evidence, facts if stated is None else stated)
         with _deadline_scope(end - REPLY_MARGIN_S):
-            async for event in self._narrate(params, evidence, facts, degradations):
+            async for event in self._narrate(request, degradations, gate_reason):
                 if isinstance(event, str):
                     yield Delta(event)
                 else:
                     answer = event
-        assert answer is not None
+            assert answer is not None
+            if selection is not None:
+                support_started = time.perf_counter()
+                answer = await self._checked(answer, request, evidence, selection, degradations)
+                timings["support"] = _ms(time.perf_counter() - support_started)
         timings["narrate"] = _ms(time.perf_counter() - narrate_started)
         timings["total"] = _ms(time.perf_counter() - started)
         for stage in ("extract", "narrate"):
@@ -234,6 +279,151 @@ class Asker:
                 continue
             found.append(Evidence(result, chunk))
         return found[: params.passages]
+
+    def _selection_rules(self) -> SelectionRules:
+        s = self.settings
+        return SelectionRules(
+            gate_min_score=s.gateway_ask_gate_min_score,
+            gate_coverage_weight=s.gateway_ask_gate_coverage_weight,
+            fact_min_score=s.gateway_ask_fact_min_score,
+            max_facts=s.gateway_ask_max_facts,
+            sentence_weight=s.gateway_ask_sentence_weight,
+            cite_margin=s.gateway_ask_cite_margin,
+            max_cited_passages=s.gateway_ask_max_cited,
+            sentences_per_passage=s.gateway_ask_sentences_per_passage,
+            sentence_margin=s.gateway_ask_sentence_margin,
+        )
+
+    def _support_rules(self) -> SupportRules:
+        s = self.settings
+        return SupportRules(
+            s.gateway_ask_support_min_score, s.gateway_ask_support_min_coverage, s.gateway_ask_support_pairs
+        )
+
+    async def _select(
+        self, params: AskParams, evidence: list[Evidence], degradations: list[Degradation]
+    ) -> Selection | None:
+        """The cross-encoder's verdict on the passages' sentences (see sentences.select); None
+        when it is off, was not used for the search (rerank off) or fails: the lexical path then
+        answers, with a degradation saying the sentences were not checked."""
+        if self.judge is None or not self.settings.gateway_ask_sentence_check or not params.search.rerank:
+            return None
+        try:
+            return await self.judge.select(
+                params.search.query,
+                [(item.chunk.title, item.chunk.text) for item in evidence],
+                [item.score for item in evidence],
+                self._selection_rules(),
+                max_passages=self.settings.gateway_ask_sentence_passages,
+                max_pairs=self.settings.gateway_ask_sentence_pairs,
+            )
+        except DownstreamError as exc:
+            degradations.append(_unchecked(exc))
+            return None
+
+    async def _supported_facts(
+        self,
+        facts: list[extractor_pb2.Fact],
+        evidence: list[Evidence],
+        selection: Selection,
+        degradations: list[Degradation],
+    ) -> list[extractor_pb2.Fact]:
+        """The LLM's facts its passage supports (quoted, or the cross-encoder accepts one of the
+        passage's sentences as evidence for it); with none left, the cross-encoder's own."""
+        texts = {item.chunk.chunk_id: item.chunk.text for item in evidence}
+        checked = [f for f in facts if f.origin == extractor_pb2.FACT_ORIGIN_LLM and f.passage_id in texts]
+        unquoted = [f for f in checked if not quoted(f.text, [texts[f.passage_id]])]
+        rules = self._support_rules()
+        assert self.judge is not None
+        try:
+            scores = await asyncio.gather(
+                *(self.judge.support(f.text, [texts[f.passage_id]], rules) for f in unquoted)
+            )
+        except DownstreamError as exc:
+            degradations.append(_unchecked(exc))
+            return facts
+        unsupported = {
+            id(f)
+            for f, score in zip(unquoted, scores, strict=True)
+            if score.get(0, KEEP_NONE) < rules.min_score
+        }
+        kept = [f for f in facts if id(f) not in unsupported]
+        return kept or selection_facts(selection.facts, evidence)
+
+    async def _checked(
+        self,
+        answer: narrator_pb2.Answer,
+        request: narrator_pb2.NarrateRequest,
+        evidence: list[Evidence],
+        selection: Selection,
+        degradations: list[Degradation],
+    ) -> narrator_pb2.Answer:
+        """Every answer sentence checked against the passages it cites: a quote is supported as
+        it is; any other sentence is scored by the cross-encoder against the passages' sentences
+        and kept (its score reported), rebound to the passage read that supports it best, or
+        dropped. When nothing is left, the cross-encoder's extractive answer stands instead."""
+        if not answer.answered or not answer.sentences:
+            return answer
+        texts = [item.chunk.text for item in evidence]
+        pending = []
+        for sentence in answer.sentences:
+            sentence.support_check = narrator_pb2.SUPPORT_CHECK_LEXICAL
+            if quoted(sentence.text, [texts[n - 1] for n in sentence.sources if 0 < n <= len(texts)]):
+                sentence.support_check = narrator_pb2.SUPPORT_CHECK_QUOTED
+                sentence.ClearField("support_score")
+            else:
+                pending.append(sentence)
+        if not pending:
+            return answer
+        rules = self._support_rules()
+        assert self.judge is not None
+        try:
+            scores = await asyncio.gather(
+                *(
+                    self.judge.support(s.text, texts, rules, preferred=[n - 1 for n in s.sources])
+                    for s in pending
+                )
+            )
+        except DownstreamError as exc:
+            degradations.append(_unchecked(exc))
+            return answer
+        verdict = {
+            id(s): bound_sources(list(s.sources), score, rules.min_score)
+            for s, score in zip(pending, scores, strict=True)
+        }
+        kept: list[narrator_pb2.Sentence] = []
+        for sentence in answer.sentences:
+            if id(sentence) not in verdict:
+                kept.append(sentence)
+                continue
+            sources, score = verdict[id(sentence)]
+            if not sources:
+                answer.rejected.append(narrator_pb2.Rejected(text=sentence.text, reason=UNSUPPORTED))
+                continue
+            text = sentence.text if list(sentence.sources) == sources else _recited(sentence.text, sources)
+            kept.append(
+                narrator_pb2.Sentence(
+                    text=text,
+                    sources=sources,
+                    support_score=score,
+                    support_check=narrator_pb2.SUPPORT_CHECK_CROSS_ENCODER,
+                )
+            )
+        if not kept:
+            degradations.append(
+                Degradation(
+                    NARRATOR,
+                    INVALID_OUTPUT,
+                    self.narrator.target,
+                    "no sentence of the answer is supported by the passages it cites",
+                )
+            )
+            stated = _narrator_facts(selection_facts(selection.answer, evidence), evidence)
+            fallback = stated_answer(stated, list(request.sources))
+            fallback.rejected.extend(answer.rejected)
+            fallback.degraded_reason = "invalid_output: no supported sentence"
+            return fallback
+        return with_sentences(answer, kept, list(request.sources))
 
     async def _extract(
         self, params: AskParams, evidence: list[Evidence], degradations: list[Degradation]
@@ -266,17 +456,10 @@ class Asker:
             degradations.append(_degradation(EXTRACTOR, extractor.target, reply.degraded_reason))
         return list(reply.facts)
 
-    async def _narrate(
-        self,
-        params: AskParams,
-        evidence: list[Evidence],
-        facts: list[extractor_pb2.Fact],
-        degradations: list[Degradation],
-    ) -> AsyncIterator[str | narrator_pb2.Answer]:
-        """The narrator's deltas, then its verified answer (always last); the gateway's own
-        extractive answer when the narrator fails or is late."""
-        number = {item.chunk.chunk_id: i for i, item in enumerate(evidence, 1)}
-        request = narrator_pb2.NarrateRequest(
+    def _narrate_request(
+        self, params: AskParams, evidence: list[Evidence], facts: list[extractor_pb2.Fact]
+    ) -> narrator_pb2.NarrateRequest:
+        return narrator_pb2.NarrateRequest(
             query=params.search.query,
             sources=[
                 narrator_pb2.Source(
@@ -287,16 +470,24 @@ class Asker:
                 )
                 for item in evidence
             ],
-            facts=[
-                narrator_pb2.Fact(text=fact.text, source=number[fact.passage_id], score=fact.score)
-                for fact in facts
-                if fact.passage_id in number
-            ],
+            facts=_narrator_facts(facts, evidence),
             history=params.history,
             mode=narrator_pb2.NARRATION_MODE_LLM
             if params.mode == LLM
             else narrator_pb2.NARRATION_MODE_EXTRACTIVE,
         )
+
+    async def _narrate(
+        self, request: narrator_pb2.NarrateRequest, degradations: list[Degradation], gate_reason: str
+    ) -> AsyncIterator[str | narrator_pb2.Answer]:
+        """The narrator's deltas, then its verified answer (always last); the gateway's own
+        extractive answer when the narrator fails or is late. No facts: the documents do not say
+        (``gate_reason`` tells why), without asking the narrator."""
+        if not request.facts and gate_reason == GATE_REASON:
+            answer = narrator_pb2.Answer(mode=request.mode, text=not_found_text(gate_reason))
+            yield answer.text
+            yield answer
+            return
         narrator = self.narrator
         try:
             async for event in narrator.stream(
@@ -334,8 +525,7 @@ def snippet_facts(evidence: list[Evidence]) -> list[extractor_pb2.Fact]:
         if item.chunk.doc_id in seen:
             continue
         seen.add(item.chunk.doc_id)
-        title = content_words(item.chunk.title)
-        sentences = [s for s in split_sentences(item.chunk.text) if content_words(s) != title]
+        sentences = passage_sentences(item.chunk.text, item.chunk.title)
         if sentences:
             facts.append(
                 extractor_pb2.Fact(
@@ -349,6 +539,95 @@ def snippet_facts(evidence: list[Evidence]) -> list[extractor_pb2.Fact]:
     return facts
 
 
+def _narrator_facts(facts: list[extractor_pb2.Fact], evidence: list[Evidence]) -> list[narrator_pb2.Fact]:
+    """Facts numbered by their passage's citation number (facts of passages not read left out)."""
+    number = {item.chunk.chunk_id: i for i, item in enumerate(evidence, 1)}
+    return [
+        narrator_pb2.Fact(text=fact.text, source=number[fact.passage_id], score=fact.score)
+        for fact in facts
+        if fact.passage_id in number
+    ]
+
+
+def selection_facts(chosen: list[Scored], evidence: list[Evidence]) -> list[extractor_pb2.Fact]:
+    """The cross-encoder's sentences as extractive facts of their passages, in the given order,
+    scored by their log-odds."""
+    return [
+        extractor_pb2.Fact(
+            text=item.text,
+            passage_id=evidence[item.passage].chunk.chunk_id,
+            doc_id=evidence[item.passage].chunk.doc_id,
+            origin=extractor_pb2.FACT_ORIGIN_EXTRACTIVE,
+            score=item.score,
+        )
+        for item in chosen
+    ]
+
+
+def _squashed(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def quoted(sentence: str, passages: list[str]) -> bool:
+    """Whether ``sentence`` (its citations and final stop aside) is a stretch of one of
+    ``passages``, as written or as its evidence sentences (markup removed, table rows with
+    their header): a quote needs no judge."""
+    body = _squashed(_MARKERLESS_STOP.sub("", strip_citations(sentence)))
+    if not body:
+        return False
+    return any(
+        body in _squashed(text) or body in _squashed(" ".join(passage_sentences(text))) for text in passages
+    )
+
+
+def bound_sources(cited: list[int], support: dict[int, float], min_score: float) -> tuple[list[int], float]:
+    """The citation numbers a sentence keeps and its support score: the cited passages that
+    support it; else the best-supporting passage read (the sentence is rebound to it); else
+    none (it is dropped). ``support`` is keyed by 0-based passage index."""
+    kept = [n for n in cited if support.get(n - 1, KEEP_NONE) >= min_score]
+    if kept:
+        return kept, max(support[n - 1] for n in kept)
+    best = max(support, key=lambda i: (support[i], -i), default=None)
+    if best is not None and support[best] >= min_score:
+        return [best + 1], support[best]
+    return [], max(support.values(), default=KEEP_NONE)
+
+
+def _recited(sentence: str, numbers: list[int]) -> str:
+    """``sentence`` with its citation markers replaced by ``numbers``."""
+    body = strip_citations(sentence)
+    stop = _MARKERLESS_STOP.search(body)
+    end = stop.group(0).strip() if stop else ""
+    core = body[: stop.start()] if stop else body
+    return f"{core} [{', '.join(str(n) for n in numbers)}]{end or '.'}"
+
+
+def with_sentences(
+    answer: narrator_pb2.Answer, sentences: list[narrator_pb2.Sentence], sources: list[narrator_pb2.Source]
+) -> narrator_pb2.Answer:
+    """``answer`` stating ``sentences``: its text and citations follow them."""
+    result = narrator_pb2.Answer()
+    result.CopyFrom(answer)
+    del result.sentences[:]
+    del result.citations[:]
+    result.sentences.extend(sentences)
+    result.text = " ".join(s.text for s in sentences)
+    existing = {c.number: c for c in answer.citations}
+    for number in sorted({n for s in sentences for n in s.sources}):
+        source = sources[number - 1]
+        result.citations.append(
+            existing.get(number)
+            or narrator_pb2.Citation(
+                number=number,
+                source_id=source.id,
+                doc_id=source.doc_id,
+                title=source.title,
+                snippet=source.snippet,
+            )
+        )
+    return result
+
+
 def local_answer(request: narrator_pb2.NarrateRequest) -> narrator_pb2.Answer:
     """The answer the gateway writes when the narrator cannot: the best facts from distinct
     sources, each cited, or that the documents do not say."""
@@ -358,15 +637,20 @@ def local_answer(request: narrator_pb2.NarrateRequest) -> narrator_pb2.Answer:
             chosen.append(fact)
         if len(chosen) == LOCAL_ANSWER_FACTS:
             break
+    return stated_answer(chosen, list(request.sources))
+
+
+def stated_answer(chosen: list[narrator_pb2.Fact], sources: list[narrator_pb2.Source]) -> narrator_pb2.Answer:
+    """An extractive answer stating ``chosen`` in order, each cited (not found when empty)."""
     answer = narrator_pb2.Answer(mode=narrator_pb2.NARRATION_MODE_EXTRACTIVE)
     if not chosen:
         answer.text = not_found_text(NO_EVIDENCE_REASON)
         return answer
     answer.answered = True
     for fact in chosen:
-        text = f"{fact.text.rstrip()} [{fact.source}]"
+        text = _recited(fact.text, [fact.source])
         answer.sentences.append(narrator_pb2.Sentence(text=text, sources=[fact.source]))
-        source = request.sources[fact.source - 1]
+        source = sources[fact.source - 1]
         answer.citations.append(
             narrator_pb2.Citation(
                 number=fact.source,

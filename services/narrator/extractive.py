@@ -12,6 +12,7 @@ from services.narrator.model import (
     Mode,
     Rejection,
     Sentence,
+    SupportCheck,
     not_found_answer,
 )
 from services.narrator.verify import with_citation
@@ -36,8 +37,12 @@ def best_facts(facts: Sequence[Fact], count: int) -> list[Fact]:
             seen_texts.add(key)
             seen_sources.add(fact.source)
     rank = {i: position for position, i in enumerate(ranked)}
-    # Best first, whichever pass picked it.
-    return [facts[i] for i in sorted(chosen, key=rank.__getitem__)]
+    # Read as a text: each source's facts together, sources by their best fact, and a source's
+    # facts in the caller's order (the gateway sends a passage's sentences in the passage's order).
+    source_rank: dict[int, int] = {}
+    for i in sorted(chosen, key=rank.__getitem__):
+        source_rank.setdefault(facts[i].source, len(source_rank))
+    return [facts[i] for i in sorted(chosen, key=lambda i: (source_rank[facts[i].source], i))]
 
 
 def extractive_answer(
@@ -48,7 +53,11 @@ def extractive_answer(
     rejected: list[Rejection] | None = None,
 ) -> Answer:
     """The answer stating the best facts (not found when no fact says anything)."""
-    sentences = [Sentence(with_citation(f.text, [f.source]), (f.source,)) for f in best_facts(facts, count)]
+    # Each sentence is a fact, whole: its cited source's facts hold all of its words.
+    sentences = [
+        Sentence(with_citation(f.text, [f.source]), (f.source,), SupportCheck.LEXICAL, 1.0)
+        for f in best_facts(facts, count)
+    ]
     if not sentences:
         return not_found_answer(NO_EVIDENCE_REASON, Mode.EXTRACTIVE, rejected)
     return Answer(

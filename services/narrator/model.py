@@ -12,6 +12,13 @@ from meshkit.answering import not_found_text
 MODEL_NOT_FOUND_REASON = "the retrieved passages do not answer this question"
 
 
+class SupportCheck(StrEnum):
+    """The strongest check a sentence passed (narrator.v1.SupportCheck)."""
+
+    LEXICAL = "lexical"
+    QUOTED = "quoted"
+
+
 class Mode(StrEnum):
     LLM = "llm"
     EXTRACTIVE = "extractive"
@@ -68,6 +75,9 @@ class NarrationInput:
 class Sentence:
     text: str
     sources: tuple[int, ...]
+    check: SupportCheck = SupportCheck.LEXICAL
+    # LEXICAL: share of the sentence's content words its cited facts hold; None for QUOTED.
+    support: float | None = None
 
 
 @dataclass(frozen=True)

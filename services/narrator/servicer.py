@@ -30,7 +30,17 @@ from meshkit.llm import LLM, make_llm
 from meshkit.server import ITEM_OVERHEAD_BYTES, ServiceSpec, text_request_bytes
 from meshkit.settings import NarratorSettings
 from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
-from services.narrator.model import Answer, Fact, Mode, NarrationInput, Role, Source, Turn
+from services.narrator.model import (
+    Answer,
+    Fact,
+    Mode,
+    NarrationInput,
+    Role,
+    Sentence,
+    Source,
+    SupportCheck,
+    Turn,
+)
 from services.narrator.narrate import Narrator
 
 SERVICE_NAME = "narrator"
@@ -138,7 +148,7 @@ def validate_history(history: Sequence[narrator_pb2.ChatTurn], settings: Narrato
 def answer_to_pb(answer: Answer, sources: Sequence[Source]) -> narrator_pb2.Answer:
     return narrator_pb2.Answer(
         text=answer.text,
-        sentences=[narrator_pb2.Sentence(text=s.text, sources=s.sources) for s in answer.sentences],
+        sentences=[sentence_pb(s) for s in answer.sentences],
         citations=[citation_to_pb(n, sources[n - 1]) for n in answer.cited],
         contradictions=[
             narrator_pb2.Contradiction(description=c.description, sources=c.sources)
@@ -148,6 +158,21 @@ def answer_to_pb(answer: Answer, sources: Sequence[Source]) -> narrator_pb2.Answ
         mode=_MODE_TO_PB[answer.mode],
         degraded_reason=answer.degraded_reason,
         rejected=[narrator_pb2.Rejected(text=r.text, reason=r.reason.value) for r in answer.rejected],
+    )
+
+
+_CHECK_PB = {
+    SupportCheck.LEXICAL: narrator_pb2.SUPPORT_CHECK_LEXICAL,
+    SupportCheck.QUOTED: narrator_pb2.SUPPORT_CHECK_QUOTED,
+}
+
+
+def sentence_pb(sentence: Sentence) -> narrator_pb2.Sentence:
+    return narrator_pb2.Sentence(
+        text=sentence.text,
+        sources=sentence.sources,
+        support_check=_CHECK_PB[sentence.check],
+        support_score=sentence.support,
     )
 
 

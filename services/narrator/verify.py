@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from meshkit.answering import cited_numbers, content_words, coverage, split_sentences, strip_citations
 from services.narrator.envelope import clean_output
-from services.narrator.model import Fact, Rejection, RejectReason, Sentence
+from services.narrator.model import Fact, Rejection, RejectReason, Sentence, SupportCheck
 
 # What the prompt asks the model to reply when the facts do not answer the question.
 NOT_FOUND_MARKER = "NOT_IN_DOCUMENTS"
@@ -24,6 +24,7 @@ _STOPS = ".!?"
 _CLOSERS = "\"')]"
 _NOT_WORD = re.compile(r"[^A-Z0-9]+")
 _WORD = re.compile(r"\w")
+_TOKEN = re.compile(r"[^\W_]+")
 # An uncited sentence is bound to a source only when it says something checkable: this many
 # content words at least ("Yes." or "No." cannot be bound to anything).
 MIN_BINDABLE_WORDS = 3
@@ -60,6 +61,12 @@ def _final_punctuation_start(text: str) -> int | None:
     closers_start = len(text.rstrip(_CLOSERS))
     stops_start = len(text[:closers_start].rstrip(_STOPS))
     return stops_start if stops_start < closers_start else None
+
+
+def normalised(sentence: str) -> str:
+    """What a sentence says, for the repeat check: lower-cased words and numbers only, so the same
+    sentence with another final stop, citation, case or spacing is the same sentence."""
+    return " ".join(_TOKEN.findall(strip_citations(sentence).lower()))
 
 
 def support_texts(facts: Iterable[Fact]) -> dict[int, str]:
@@ -112,7 +119,7 @@ def verify(
         if is_not_found_marker(sentence):
             not_found = True
             continue
-        body = " ".join(strip_citations(sentence).lower().split())
+        body = normalised(sentence)
         if body in said:
             rejected.append(Rejection(sentence, RejectReason.REPEATED))
             continue
@@ -122,26 +129,26 @@ def verify(
             bound = bind(sentence, supports, bind_support)
             numbers = [bound] if bound is not None else []
         valid = [n for n in numbers if 1 <= n <= source_count]
-        reason = _rejection(sentence, numbers, valid, supports, min_support)
+        support = (
+            coverage(strip_citations(sentence), " ".join(supports.get(n, "") for n in valid))
+            if valid
+            else 0.0
+        )
+        reason = _rejection(numbers, valid, support, min_support)
         if reason is not None:
             rejected.append(Rejection(sentence, reason))
             continue
-        kept.append(Sentence(with_citation(sentence, valid), tuple(valid)))
+        kept.append(Sentence(with_citation(sentence, valid), tuple(valid), SupportCheck.LEXICAL, support))
     return Verification(kept, rejected, not_found)
 
 
 def _rejection(
-    sentence: str,
-    numbers: Sequence[int],
-    valid: Sequence[int],
-    supports: Mapping[int, str],
-    min_support: float,
+    numbers: Sequence[int], valid: Sequence[int], support: float, min_support: float
 ) -> RejectReason | None:
     if not numbers:
         return RejectReason.UNCITED
     if not valid:
         return RejectReason.UNKNOWN_SOURCE
-    evidence = " ".join(supports.get(n, "") for n in valid)
-    if coverage(strip_citations(sentence), evidence) < min_support:
+    if support < min_support:
         return RejectReason.UNSUPPORTED
     return None

@@ -65,6 +65,13 @@ class Fakes:
     # Chunk name -> the fake reranker's score (a test may lower them all to get the fallback).
     rerank_scores: dict[str, float] = field(default_factory=lambda: dict(RERANK_SCORES))
     rerank_fallback_count: int = RERANK_FALLBACK_COUNT
+    # Chunk name -> its text (default "text of <name>").
+    chunk_texts: dict[str, str] = field(default_factory=dict)
+    # The fake cross-encoder judging sentences (Rerank calls whose passages are not chunks,
+    # counted and controlled as "judge"): a score per (claim, sentence), else per sentence text,
+    # else the default.
+    sentence_scores: dict[str | tuple[str, str], float] = field(default_factory=dict)
+    default_sentence_score: float = 2.0
 
     async def act(self, key: str, request: Any, context: aio.ServicerContext) -> None:
         self.calls[key] += 1
@@ -180,7 +187,7 @@ class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
                 chunk_id=cid,
                 doc_id=DOC_OF[NAME_OF[cid]],
                 title=f"Title of {NAME_OF[cid]}",
-                text=f"text of {NAME_OF[cid]}",
+                text=self.fakes.chunk_texts.get(NAME_OF[cid], f"text of {NAME_OF[cid]}"),
                 location=common_pb2.ChunkLocation(heading_path=["H"], ordinal=1),
             )
             for cid in request.chunk_ids
@@ -196,6 +203,8 @@ class FakeReranker(reranker_pb2_grpc.RerankerServiceServicer):
         self.fakes = fakes
 
     async def Rerank(self, request: Any, context: aio.ServicerContext) -> reranker_pb2.RerankResponse:
+        if any(p.id not in NAME_OF for p in request.passages):
+            return await self._judge(request, context)
         await self.fakes.act("reranker", request, context)
         scores = [self.fakes.rerank_scores[NAME_OF[p.id]] for p in request.passages]
         chosen = select(
@@ -216,6 +225,21 @@ class FakeReranker(reranker_pb2_grpc.RerankerServiceServicer):
             results=results, fallback=chosen.fallback, scored=len(scores), model="fake"
         )
 
+    async def _judge(self, request: Any, context: aio.ServicerContext) -> reranker_pb2.RerankResponse:
+        await self.fakes.act("judge", request, context)
+        fakes = self.fakes
+        results = [
+            reranker_pb2.RerankedPassage(
+                id=p.id,
+                score=fakes.sentence_scores.get(
+                    (request.query, p.text), fakes.sentence_scores.get(p.text, fakes.default_sentence_score)
+                ),
+                input_index=i,
+            )
+            for i, p in enumerate(request.passages)
+        ]
+        return reranker_pb2.RerankResponse(results=results, scored=len(results), model="fake")
+
 
 class FakeExtractor(extractor_pb2_grpc.ExtractorServiceServicer):
     """One fact per passage, citing it, with the passage's score."""
@@ -225,9 +249,11 @@ class FakeExtractor(extractor_pb2_grpc.ExtractorServiceServicer):
 
     async def Extract(self, request: Any, context: aio.ServicerContext) -> extractor_pb2.ExtractResponse:
         await self.fakes.act("extractor", request, context)
+        quote = self.fakes.behaviour.get("extractor") == "quote"
         facts = [
             extractor_pb2.Fact(
-                text=f"Fact from {NAME_OF[p.id]}.",
+                # "quote": the passage itself is the fact.
+                text=p.text if quote else f"Fact from {NAME_OF[p.id]}.",
                 passage_id=p.id,
                 doc_id=p.doc_id,
                 origin=extractor_pb2.FACT_ORIGIN_LLM,
@@ -243,7 +269,8 @@ class FakeExtractor(extractor_pb2_grpc.ExtractorServiceServicer):
 
 
 class FakeNarrator(narrator_pb2_grpc.NarratorServiceServicer):
-    """Two deltas, then an answer citing source 1 (or, with no facts, that the documents do not say)."""
+    """Two deltas, then an answer citing source 1 (or, with no facts, that the documents do not
+    say); in extractive mode, as the real one, each fact as a sentence citing its source."""
 
     def __init__(self, fakes: Fakes) -> None:
         self.fakes = fakes
@@ -255,6 +282,12 @@ class FakeNarrator(narrator_pb2_grpc.NarratorServiceServicer):
             yield narrator_pb2.NarrateStreamResponse(
                 answer=narrator_pb2.Answer(text="The documents do not say.", mode=req.mode)
             )
+            return
+        if (
+            req.mode == narrator_pb2.NARRATION_MODE_EXTRACTIVE
+            and self.fakes.behaviour.get("narrator") != "cut"
+        ):
+            yield narrator_pb2.NarrateStreamResponse(answer=_stating(req))
             return
         for delta in NARRATOR_DELTAS:
             yield narrator_pb2.NarrateStreamResponse(delta=delta)
@@ -279,6 +312,24 @@ class FakeNarrator(narrator_pb2_grpc.NarratorServiceServicer):
         if self.fakes.behaviour.get("narrator") == "degraded":
             answer.degraded_reason = "deadline: the llm was late"
         yield narrator_pb2.NarrateStreamResponse(answer=answer)
+
+
+def _stating(req: Any) -> narrator_pb2.Answer:
+    sentences = [
+        narrator_pb2.Sentence(text=f"{f.text.rstrip('.')} [{f.source}].", sources=[f.source])
+        for f in req.facts
+    ]
+    answer = narrator_pb2.Answer(
+        text=" ".join(s.text for s in sentences), sentences=sentences, answered=True, mode=req.mode
+    )
+    for number in sorted({f.source for f in req.facts}):
+        source = req.sources[number - 1]
+        answer.citations.append(
+            narrator_pb2.Citation(
+                number=number, source_id=source.id, doc_id=source.doc_id, title=source.title
+            )
+        )
+    return answer
 
 
 async def _server(*adders: Any) -> tuple[aio.Server, str]:
@@ -329,6 +380,9 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         gateway_rerank=False,
         # The reranker's order alone, easy to assert; the blend has a test of its own.
         gateway_rerank_fused_weight=0.0,
+        # The fake passages ("text of c0") share no word with the tests' questions.
+        gateway_ask_gate_coverage_weight=0.0,
+        gateway_ask_gate_min_score=0.0,
         client_retry_backoff_s=0.01,
         breaker_fail_max=5,
         breaker_reset_s=60,

@@ -41,6 +41,10 @@ def stages(response: gateway_pb2.AskResponse | gateway_pb2.SearchResponse) -> se
 
 async def test_an_answer_cites_passages_it_read_and_lists_what_it_explored() -> None:
     async with running_gateway(gateway_rerank=True) as gateway:
+        # The passages hold the fake extractor's facts and what the fake narrator says (an
+        # unsupported fact or sentence is dropped).
+        gateway.fakes.chunk_texts = {n: f"Fact from {n}. More of {n}." for n in ("c0", "c1", "c4")}
+        gateway.fakes.chunk_texts["c3"] = "Fact from c3. The answer is here in the text."
         response = await gateway.stub.Ask(ask(include_facts=True), timeout=10)
     assert response.answered and response.answer == "".join(NARRATOR_DELTAS)
     assert not response.degradations
@@ -63,7 +67,7 @@ async def test_an_answer_cites_passages_it_read_and_lists_what_it_explored() -> 
 
 async def test_no_passage_above_the_evidence_floor_means_the_documents_do_not_say() -> None:
     async with running_gateway(gateway_rerank=True) as gateway:
-        gateway.fakes.rerank_scores = dict.fromkeys(gateway.fakes.rerank_scores, -4.0)
+        gateway.fakes.rerank_scores = dict.fromkeys(gateway.fakes.rerank_scores, -4.5)
         response = await gateway.stub.Ask(ask(), timeout=10)
     assert not response.answered and not response.sources and not response.citations
     assert gateway.fakes.calls["extractor"] == 0
@@ -81,6 +85,10 @@ async def test_extractive_mode_asks_both_stages_for_it() -> None:
 async def test_extractor_down_gives_first_sentences_as_facts_and_a_degradation() -> None:
     async with running_gateway() as gateway:
         gateway.fakes.behaviour["extractor"] = "fail"
+        # Sentences, not labels: evidence text leaves out a two-word line.
+        gateway.fakes.chunk_texts.update(
+            {f"c{i}": f"text of c{i} states one fact of the corpus." for i in range(20)}
+        )
         response = await gateway.stub.Ask(ask(), timeout=10)
     assert stages(response) == {(gateway_pb2.STAGE_EXTRACTOR, gateway_pb2.DEGRADATION_REASON_UNAVAILABLE)}
     facts = gateway.fakes.requests["narrator"][0].facts

@@ -145,3 +145,19 @@ def test_a_repeated_sentence_is_kept_once() -> None:
     result = check("The Eiffel Tower is 330 metres tall [1]. The Eiffel Tower is 330 metres tall [3].")
     assert [s.sources for s in result.sentences] == [(1,)]
     assert [r.reason for r in result.rejected] == [RejectReason.REPEATED]
+
+
+def test_a_repeat_that_differs_by_its_final_stop_case_or_spacing_is_still_a_repeat() -> None:
+    # The example: the same claim twice, the second time without its final period.
+    result = check(
+        "The Eiffel Tower is 330 metres tall [1]. The Eiffel  Tower is 330 metres tall [1]\n"
+        "the Eiffel Tower is 330 metres TALL!"
+    )
+    assert [s.text for s in result.sentences] == ["The Eiffel Tower is 330 metres tall [1]."]
+    assert [r.reason for r in result.rejected] == [RejectReason.REPEATED, RejectReason.REPEATED]
+
+
+def test_a_kept_sentence_reports_its_lexical_support() -> None:
+    (sentence,) = check("The Eiffel Tower is 330 metres tall [1].").sentences
+    assert sentence.check.value == "lexical"
+    assert sentence.support == 1.0

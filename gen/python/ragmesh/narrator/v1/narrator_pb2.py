@@ -24,17 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"ragmesh/narrator/v1/narrator.proto\x12\x13ragmesh.narrator.v1\"D\n\x06Source\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0f\n\x07snippet\x18\x04 \x01(\t\"3\n\x04\x46\x61\x63t\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\r\x12\r\n\x05score\x18\x03 \x01(\x02\"D\n\x08\x43hatTurn\x12\'\n\x04role\x18\x01 \x01(\x0e\x32\x19.ragmesh.narrator.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xed\x01\n\x0eNarrateRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12,\n\x07sources\x18\x02 \x03(\x0b\x32\x1b.ragmesh.narrator.v1.Source\x12(\n\x05\x66\x61\x63ts\x18\x03 \x03(\x0b\x32\x19.ragmesh.narrator.v1.Fact\x12.\n\x07history\x18\x04 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.ChatTurn\x12\x30\n\x04mode\x18\x05 \x01(\x0e\x32\".ragmesh.narrator.v1.NarrationMode\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\")\n\x08Sentence\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07sources\x18\x02 \x03(\r\"]\n\x08\x43itation\x12\x0e\n\x06number\x18\x01 \x01(\r\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x0f\n\x07snippet\x18\x05 \x01(\t\"5\n\rContradiction\x12\x13\n\x0b\x64\x65scription\x18\x01 \x01(\t\x12\x0f\n\x07sources\x18\x02 \x03(\r\"(\n\x08Rejected\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xc4\x02\n\x06\x41nswer\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x30\n\tsentences\x18\x02 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.Sentence\x12\x30\n\tcitations\x18\x03 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.Citation\x12:\n\x0e\x63ontradictions\x18\x04 \x03(\x0b\x32\".ragmesh.narrator.v1.Contradiction\x12\x10\n\x08\x61nswered\x18\x05 \x01(\x08\x12\x30\n\x04mode\x18\x06 \x01(\x0e\x32\".ragmesh.narrator.v1.NarrationMode\x12\x17\n\x0f\x64\x65graded_reason\x18\x07 \x01(\t\x12/\n\x08rejected\x18\x08 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.Rejected\">\n\x0fNarrateResponse\x12+\n\x06\x61nswer\x18\x01 \x01(\x0b\x32\x1b.ragmesh.narrator.v1.Answer\"L\n\x14NarrateStreamRequest\x12\x34\n\x07request\x18\x01 \x01(\x0b\x32#.ragmesh.narrator.v1.NarrateRequest\"`\n\x15NarrateStreamResponse\x12\x0f\n\x05\x64\x65lta\x18\x01 \x01(\tH\x00\x12-\n\x06\x61nswer\x18\x02 \x01(\x0b\x32\x1b.ragmesh.narrator.v1.AnswerH\x00\x42\x07\n\x05\x65vent*f\n\rNarrationMode\x12\x1e\n\x1aNARRATION_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12NARRATION_MODE_LLM\x10\x01\x12\x1d\n\x19NARRATION_MODE_EXTRACTIVE\x10\x02*?\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_ASSISTANT\x10\x02\x32\xd1\x01\n\x0fNarratorService\x12T\n\x07Narrate\x12#.ragmesh.narrator.v1.NarrateRequest\x1a$.ragmesh.narrator.v1.NarrateResponse\x12h\n\rNarrateStream\x12).ragmesh.narrator.v1.NarrateStreamRequest\x1a*.ragmesh.narrator.v1.NarrateStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"ragmesh/narrator/v1/narrator.proto\x12\x13ragmesh.narrator.v1\"D\n\x06Source\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0f\n\x07snippet\x18\x04 \x01(\t\"3\n\x04\x46\x61\x63t\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\r\x12\r\n\x05score\x18\x03 \x01(\x02\"D\n\x08\x43hatTurn\x12\'\n\x04role\x18\x01 \x01(\x0e\x32\x19.ragmesh.narrator.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xed\x01\n\x0eNarrateRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12,\n\x07sources\x18\x02 \x03(\x0b\x32\x1b.ragmesh.narrator.v1.Source\x12(\n\x05\x66\x61\x63ts\x18\x03 \x03(\x0b\x32\x19.ragmesh.narrator.v1.Fact\x12.\n\x07history\x18\x04 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.ChatTurn\x12\x30\n\x04mode\x18\x05 \x01(\x0e\x32\".ragmesh.narrator.v1.NarrationMode\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\"\x91\x01\n\x08Sentence\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07sources\x18\x02 \x03(\r\x12\x1a\n\rsupport_score\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x38\n\rsupport_check\x18\x04 \x01(\x0e\x32!.ragmesh.narrator.v1.SupportCheckB\x10\n\x0e_support_score\"]\n\x08\x43itation\x12\x0e\n\x06number\x18\x01 \x01(\r\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x0f\n\x07snippet\x18\x05 \x01(\t\"5\n\rContradiction\x12\x13\n\x0b\x64\x65scription\x18\x01 \x01(\t\x12\x0f\n\x07sources\x18\x02 \x03(\r\"(\n\x08Rejected\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xc4\x02\n\x06\x41nswer\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x30\n\tsentences\x18\x02 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.Sentence\x12\x30\n\tcitations\x18\x03 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.Citation\x12:\n\x0e\x63ontradictions\x18\x04 \x03(\x0b\x32\".ragmesh.narrator.v1.Contradiction\x12\x10\n\x08\x61nswered\x18\x05 \x01(\x08\x12\x30\n\x04mode\x18\x06 \x01(\x0e\x32\".ragmesh.narrator.v1.NarrationMode\x12\x17\n\x0f\x64\x65graded_reason\x18\x07 \x01(\t\x12/\n\x08rejected\x18\x08 \x03(\x0b\x32\x1d.ragmesh.narrator.v1.Rejected\">\n\x0fNarrateResponse\x12+\n\x06\x61nswer\x18\x01 \x01(\x0b\x32\x1b.ragmesh.narrator.v1.Answer\"L\n\x14NarrateStreamRequest\x12\x34\n\x07request\x18\x01 \x01(\x0b\x32#.ragmesh.narrator.v1.NarrateRequest\"`\n\x15NarrateStreamResponse\x12\x0f\n\x05\x64\x65lta\x18\x01 \x01(\tH\x00\x12-\n\x06\x61nswer\x18\x02 \x01(\x0b\x32\x1b.ragmesh.narrator.v1.AnswerH\x00\x42\x07\n\x05\x65vent*f\n\rNarrationMode\x12\x1e\n\x1aNARRATION_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12NARRATION_MODE_LLM\x10\x01\x12\x1d\n\x19NARRATION_MODE_EXTRACTIVE\x10\x02*?\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_ASSISTANT\x10\x02*\x83\x01\n\x0cSupportCheck\x12\x1d\n\x19SUPPORT_CHECK_UNSPECIFIED\x10\x00\x12\x19\n\x15SUPPORT_CHECK_LEXICAL\x10\x01\x12\x18\n\x14SUPPORT_CHECK_QUOTED\x10\x02\x12\x1f\n\x1bSUPPORT_CHECK_CROSS_ENCODER\x10\x03\x32\xd1\x01\n\x0fNarratorService\x12T\n\x07Narrate\x12#.ragmesh.narrator.v1.NarrateRequest\x1a$.ragmesh.narrator.v1.NarrateResponse\x12h\n\rNarrateStream\x12).ragmesh.narrator.v1.NarrateStreamRequest\x1a*.ragmesh.narrator.v1.NarrateStreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragmesh.narrator.v1.narrator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NARRATIONMODE']._serialized_start=1294
-  _globals['_NARRATIONMODE']._serialized_end=1396
-  _globals['_ROLE']._serialized_start=1398
-  _globals['_ROLE']._serialized_end=1461
+  _globals['_NARRATIONMODE']._serialized_start=1399
+  _globals['_NARRATIONMODE']._serialized_end=1501
+  _globals['_ROLE']._serialized_start=1503
+  _globals['_ROLE']._serialized_end=1566
+  _globals['_SUPPORTCHECK']._serialized_start=1569
+  _globals['_SUPPORTCHECK']._serialized_end=1700
   _globals['_SOURCE']._serialized_start=59
   _globals['_SOURCE']._serialized_end=127
   _globals['_FACT']._serialized_start=129
@@ -43,22 +45,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATTURN']._serialized_end=250
   _globals['_NARRATEREQUEST']._serialized_start=253
   _globals['_NARRATEREQUEST']._serialized_end=490
-  _globals['_SENTENCE']._serialized_start=492
-  _globals['_SENTENCE']._serialized_end=533
-  _globals['_CITATION']._serialized_start=535
-  _globals['_CITATION']._serialized_end=628
-  _globals['_CONTRADICTION']._serialized_start=630
-  _globals['_CONTRADICTION']._serialized_end=683
-  _globals['_REJECTED']._serialized_start=685
-  _globals['_REJECTED']._serialized_end=725
-  _globals['_ANSWER']._serialized_start=728
-  _globals['_ANSWER']._serialized_end=1052
-  _globals['_NARRATERESPONSE']._serialized_start=1054
-  _globals['_NARRATERESPONSE']._serialized_end=1116
-  _globals['_NARRATESTREAMREQUEST']._serialized_start=1118
-  _globals['_NARRATESTREAMREQUEST']._serialized_end=1194
-  _globals['_NARRATESTREAMRESPONSE']._serialized_start=1196
-  _globals['_NARRATESTREAMRESPONSE']._serialized_end=1292
-  _globals['_NARRATORSERVICE']._serialized_start=1464
-  _globals['_NARRATORSERVICE']._serialized_end=1673
+  _globals['_SENTENCE']._serialized_start=493
+  _globals['_SENTENCE']._serialized_end=638
+  _globals['_CITATION']._serialized_start=640
+  _globals['_CITATION']._serialized_end=733
+  _globals['_CONTRADICTION']._serialized_start=735
+  _globals['_CONTRADICTION']._serialized_end=788
+  _globals['_REJECTED']._serialized_start=790
+  _globals['_REJECTED']._serialized_end=830
+  _globals['_ANSWER']._serialized_start=833
+  _globals['_ANSWER']._serialized_end=1157
+  _globals['_NARRATERESPONSE']._serialized_start=1159
+  _globals['_NARRATERESPONSE']._serialized_end=1221
+  _globals['_NARRATESTREAMREQUEST']._serialized_start=1223
+  _globals['_NARRATESTREAMREQUEST']._serialized_end=1299
+  _globals['_NARRATESTREAMRESPONSE']._serialized_start=1301
+  _globals['_NARRATESTREAMRESPONSE']._serialized_end=1397
+  _globals['_NARRATORSERVICE']._serialized_start=1703
+  _globals['_NARRATORSERVICE']._serialized_end=1912
 # @@protoc_insertion_point(module_scope)

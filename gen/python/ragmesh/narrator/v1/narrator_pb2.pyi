@@ -18,12 +18,23 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_UNSPECIFIED: _ClassVar[Role]
     ROLE_USER: _ClassVar[Role]
     ROLE_ASSISTANT: _ClassVar[Role]
+
+class SupportCheck(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SUPPORT_CHECK_UNSPECIFIED: _ClassVar[SupportCheck]
+    SUPPORT_CHECK_LEXICAL: _ClassVar[SupportCheck]
+    SUPPORT_CHECK_QUOTED: _ClassVar[SupportCheck]
+    SUPPORT_CHECK_CROSS_ENCODER: _ClassVar[SupportCheck]
 NARRATION_MODE_UNSPECIFIED: NarrationMode
 NARRATION_MODE_LLM: NarrationMode
 NARRATION_MODE_EXTRACTIVE: NarrationMode
 ROLE_UNSPECIFIED: Role
 ROLE_USER: Role
 ROLE_ASSISTANT: Role
+SUPPORT_CHECK_UNSPECIFIED: SupportCheck
+SUPPORT_CHECK_LEXICAL: SupportCheck
+SUPPORT_CHECK_QUOTED: SupportCheck
+SUPPORT_CHECK_CROSS_ENCODER: SupportCheck
 
 class Source(_message.Message):
     __slots__ = ("id", "doc_id", "title", "snippet")
@@ -72,12 +83,16 @@ class NarrateRequest(_message.Message):
     def __init__(self, query: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., facts: _Optional[_Iterable[_Union[Fact, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[ChatTurn, _Mapping]]] = ..., mode: _Optional[_Union[NarrationMode, str]] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class Sentence(_message.Message):
-    __slots__ = ("text", "sources")
+    __slots__ = ("text", "sources", "support_score", "support_check")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
+    SUPPORT_SCORE_FIELD_NUMBER: _ClassVar[int]
+    SUPPORT_CHECK_FIELD_NUMBER: _ClassVar[int]
     text: str
     sources: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, text: _Optional[str] = ..., sources: _Optional[_Iterable[int]] = ...) -> None: ...
+    support_score: float
+    support_check: SupportCheck
+    def __init__(self, text: _Optional[str] = ..., sources: _Optional[_Iterable[int]] = ..., support_score: _Optional[float] = ..., support_check: _Optional[_Union[SupportCheck, str]] = ...) -> None: ...
 
 class Citation(_message.Message):
     __slots__ = ("number", "source_id", "doc_id", "title", "snippet")

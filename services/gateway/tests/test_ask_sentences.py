@@ -1,0 +1,118 @@
+"""Ask with the cross-encoder judging sentences (real gateway, fake stages; the fake reranker's
+sentence scores are set per test): extractive answers from the judged sentences, the evidence
+gate, support checks that rebind or drop the narrator's sentences and the extractor's facts,
+and the lexical path with a degradation when the judge is down."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from ragmesh.extractor.v1 import extractor_pb2
+from ragmesh.gateway.v1 import gateway_pb2
+from ragmesh.narrator.v1 import narrator_pb2
+from services.gateway.ask import GATE_REASON
+from services.gateway.tests.conftest import COLLECTION, NAME_OF, Gateway, running_gateway
+
+QUERY = "what is ZX-81?"
+TEXTS = {
+    "c3": "Vitamin D reduced hip fractures in a trial. Compliance was high.",
+    "c1": "Hip fractures fell with calcium. The answer is here in full.",
+}
+# The fake narrator's sentence, as the support check reads it (citation taken off).
+NARRATED = "The answer is here."
+
+
+def ask(mode: int = gateway_pb2.ANSWER_MODE_EXTRACTIVE) -> gateway_pb2.AskRequest:
+    return gateway_pb2.AskRequest(collection=COLLECTION, query=QUERY, mode=mode, include_facts=True)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def judged(scores: dict[str | tuple[str, str], float], **settings: object) -> AsyncIterator[Gateway]:
+    """A reranking gateway whose judge scores every pair -3 but those in ``scores``."""
+    async with running_gateway(gateway_rerank=True, **settings) as gateway:
+        gateway.fakes.chunk_texts = dict(TEXTS)
+        gateway.fakes.default_sentence_score = -3.0
+        gateway.fakes.sentence_scores = scores
+        yield gateway
+
+
+GOOD_EVIDENCE: dict[str | tuple[str, str], float] = {
+    (QUERY, "Vitamin D reduced hip fractures in a trial."): 3.0,
+    (QUERY, "Compliance was high."): 2.5,
+    (QUERY, "Hip fractures fell with calcium."): 1.0,
+}
+
+
+async def test_an_extractive_answer_states_the_judged_sentences_of_few_strong_passages() -> None:
+    async with judged(GOOD_EVIDENCE) as gateway:
+        response = await gateway.stub.Ask(ask(), timeout=10)
+    assert response.answered and not response.degradations
+    # Both strong sentences of the best passage, in its order; c1 is 2 behind the best: not cited.
+    assert response.answer == "Vitamin D reduced hip fractures in a trial [1]. Compliance was high [1]."
+    assert [NAME_OF[c.chunk_id] for c in response.citations] == ["c3"]
+    assert all(s.support_check == narrator_pb2.SUPPORT_CHECK_QUOTED for s in response.sentences)
+    # The facts are the sentences over the fact floor (0), best first, with their log-odds.
+    assert [(f.text, f.score) for f in response.facts] == [
+        ("Vitamin D reduced hip fractures in a trial.", 3.0),
+        ("Compliance was high.", 2.5),
+        ("Hip fractures fell with calcium.", 1.0),
+    ]
+    assert gateway.fakes.calls["extractor"] == 0
+    narrate = gateway.fakes.requests["narrator"][0]
+    assert [(f.text, f.source) for f in narrate.facts] == [
+        ("Vitamin D reduced hip fractures in a trial.", 1),
+        ("Compliance was high.", 1),
+    ]
+
+
+async def test_the_gate_says_the_documents_do_not_say_when_no_sentence_answers() -> None:
+    # The best passage: reranker 3.0, best sentence -3: strength 1.5, under the gate's 2.0.
+    async with judged({}, gateway_ask_gate_min_score=2.0) as gateway:
+        response = await gateway.stub.Ask(ask(), timeout=10)
+    assert not response.answered and not response.citations and not response.sentences
+    assert GATE_REASON in response.answer
+    assert gateway.fakes.calls["extractor"] == 0 and gateway.fakes.calls["narrator"] == 0
+    # The passages explored are still listed: the caller sees what was read.
+    assert response.sources
+
+
+async def test_a_judge_that_is_down_leaves_the_lexical_path_and_a_reranker_degradation() -> None:
+    async with judged(GOOD_EVIDENCE) as gateway:
+        gateway.fakes.behaviour["judge"] = "fail"
+        response = await gateway.stub.Ask(ask(), timeout=10)
+    assert response.answered
+    assert gateway.fakes.calls["extractor"] == 1
+    assert any(
+        d.stage == gateway_pb2.STAGE_RERANKER and "lexically only" in d.message for d in response.degradations
+    )
+
+
+async def test_an_llm_sentence_its_citation_does_not_support_is_rebound_to_the_passage_that_does() -> None:
+    scores = {**GOOD_EVIDENCE, (NARRATED, "The answer is here in full."): 2.0}
+    async with judged(scores) as gateway:
+        response = await gateway.stub.Ask(ask(gateway_pb2.ANSWER_MODE_LLM), timeout=10)
+    assert response.mode == gateway_pb2.ANSWER_MODE_LLM
+    assert response.answer == "The answer is here [2]."
+    (sentence,) = response.sentences
+    assert list(sentence.sources) == [2]
+    assert sentence.support_check == narrator_pb2.SUPPORT_CHECK_CROSS_ENCODER
+    assert sentence.support_score == 2.0
+    assert [(c.number, NAME_OF[c.chunk_id]) for c in response.citations] == [(2, "c1")]
+
+
+async def test_unsupported_llm_facts_and_sentences_are_dropped_and_the_judged_answer_stands() -> None:
+    async with judged(GOOD_EVIDENCE) as gateway:
+        response = await gateway.stub.Ask(ask(gateway_pb2.ANSWER_MODE_LLM), timeout=10)
+    # The fake extractor's facts ("Fact from c3.") are in no passage and judged -3: dropped, so
+    # the narrator got the judged sentences instead.
+    narrate = gateway.fakes.requests["narrator"][0]
+    assert "Fact from c3." not in [f.text for f in narrate.facts]
+    assert all(f.origin == extractor_pb2.FACT_ORIGIN_EXTRACTIVE for f in response.facts)
+    # Its sentence is supported by nothing read: dropped, and the judged extractive answer stands.
+    assert "The answer is here" not in response.answer
+    assert response.answer == "Vitamin D reduced hip fractures in a trial [1]. Compliance was high [1]."
+    assert response.mode == gateway_pb2.ANSWER_MODE_EXTRACTIVE
+    assert (gateway_pb2.STAGE_NARRATOR, gateway_pb2.DEGRADATION_REASON_INVALID_OUTPUT) in {
+        (d.stage, d.reason) for d in response.degradations
+    }

@@ -1,0 +1,138 @@
+"""The sentence rules of an Ask (services/gateway/sentences.py, ask.py's pure helpers)."""
+
+from __future__ import annotations
+
+from services.gateway.ask import bound_sources, quoted
+from services.gateway.sentences import (
+    Candidate,
+    Scored,
+    SelectionRules,
+    SupportRules,
+    candidates,
+    select,
+    support_candidates,
+)
+
+RULES = SelectionRules(
+    gate_min_score=1.0,
+    gate_coverage_weight=6.0,
+    fact_min_score=-1.0,
+    max_facts=4,
+    sentence_weight=1.0,
+    cite_margin=1.0,
+    max_cited_passages=2,
+    sentences_per_passage=2,
+    sentence_margin=1.0,
+)
+QUERY = "Does vitamin D supplementation reduce hip fractures?"
+# The passages' own (reranker) scores: all equal unless a test says otherwise.
+EVEN = [0.0, 0.0, 0.0]
+TEXTS = [
+    "Vitamin D trial. Supplementation with vitamin D reduced hip fractures. Compliance was high. "
+    "The reduction held for hip fractures in women.",
+    "Vitamin D is made in the skin. Hip fractures are common in the elderly.",
+    "An unrelated passage about fractures of bones in horses.",
+]
+
+
+def scored(passage: int, position: int, score: float) -> Scored:
+    return Scored(Candidate(passage, position, f"p{passage}s{position}"), score)
+
+
+def test_several_sentences_of_one_passage_are_stated_in_the_passages_order() -> None:
+    chosen = select(
+        QUERY,
+        [scored(0, 3, 2.5), scored(0, 1, 3.0), scored(0, 2, -0.5), scored(1, 0, 0.2)],
+        TEXTS,
+        EVEN,
+        RULES,
+    )
+    assert chosen.answered
+    # Passage 0's two strong sentences, in passage order; passage 1 is 2.8 behind the best.
+    assert [(s.passage, s.candidate.position) for s in chosen.answer] == [(0, 1), (0, 3)]
+    # Facts: every sentence over the fact floor, best first.
+    assert [s.score for s in chosen.facts] == [3.0, 2.5, 0.2, -0.5]
+
+
+def test_citations_go_to_passages_close_to_the_best_and_no_more_than_the_cap() -> None:
+    many = [scored(0, 0, 3.0), scored(1, 0, 2.5), scored(2, 0, 2.2)]
+    chosen = select(QUERY, many, TEXTS, EVEN, RULES)
+    assert sorted({s.passage for s in chosen.answer}) == [0, 1]
+
+
+def test_a_passage_the_reranker_scored_higher_is_cited_before_a_slightly_better_sentence() -> None:
+    # Passage 1's best sentence is 0.5 ahead, but the reranker read passage 0 whole and put it
+    # 2.0 ahead: passage 0 is the stronger (1.0 + 3.0 against -1.0 + 3.5) and the only one cited.
+    chosen = select(QUERY, [scored(0, 0, 3.0), scored(1, 0, 3.5)], TEXTS, [1.0, -1.0, 0.0], RULES)
+    assert {s.passage for s in chosen.answer} == {0}
+
+
+def test_the_gate_refuses_weak_evidence_even_when_the_words_match() -> None:
+    # Strength -5 + 1.0 * -2 = -7; the words (0.8 of the question) add 4.8: -2.2 < 1.
+    chosen = select(QUERY, [scored(0, 0, -2.0), scored(1, 0, -3.0)], TEXTS, [-5.0, -5.0, -5.0], RULES)
+    assert not chosen.answered and chosen.answer == [] and chosen.facts == []
+    assert chosen.question_coverage == 0.8
+    assert chosen.evidence_score is not None and round(chosen.evidence_score, 3) == -2.2
+
+
+def test_the_gate_weighs_the_words_of_the_question_found_in_the_passages() -> None:
+    # The same scores: a question whose words the passages hold is answered, one about
+    # something else is not (the model is confident about both).
+    evidence, passages = [scored(0, 0, 1.5)], [-1.0, 0.0, 0.0]
+    assert select(QUERY, evidence, TEXTS, passages, RULES).answered
+    off_topic = select("How do I bake sourdough bread at home?", evidence, TEXTS, passages, RULES)
+    assert not off_topic.answered
+    assert off_topic.question_coverage == 0.0
+
+
+def test_candidates_keep_the_sentences_closest_to_the_question_when_over_the_pair_bound() -> None:
+    found = candidates(
+        QUERY, [("Vitamin D trial", TEXTS[0]), ("", TEXTS[1])], max_passages=2, max_sentences=10, max_pairs=2
+    )
+    assert [c.text for c in found] == [
+        "Supplementation with vitamin D reduced hip fractures.",
+        "The reduction held for hip fractures in women.",
+    ]
+    # The title line is not a candidate.
+    everything = candidates(
+        QUERY, [("Vitamin D trial", TEXTS[0])], max_passages=1, max_sentences=10, max_pairs=99
+    )
+    assert "Vitamin D trial." not in [c.text for c in everything]
+    # Two passages of three evidence sentences ("Vitamin D trial." is a label, not a sentence).
+    assert len(candidates(QUERY, [("", TEXTS[0])] * 5, max_passages=2, max_sentences=10, max_pairs=99)) == 6
+
+
+def test_support_candidates_score_the_cited_passage_first_and_respect_the_bound() -> None:
+    rules = SupportRules(min_score=0.0, min_coverage=0.25, max_pairs=2)
+    found = support_candidates("Hip fractures are common in the elderly [2].", TEXTS, rules, preferred=[1])
+    assert found[0] == Candidate(1, 1, "Hip fractures are common in the elderly.")
+    assert len(found) == 2
+
+
+def test_a_passage_sentence_sharing_too_few_words_is_not_scored_for_support() -> None:
+    # "Supplementation of vitamin D is common." scores near a real support with the
+    # cross-encoder, but holds 2 of the claim's 5 content words.
+    rules = SupportRules(min_score=0.0, min_coverage=0.5, max_pairs=16)
+    passages = [
+        "Supplementation of vitamin D is common.",
+        "Vitamin D supplementation reduced the risk of fractures.",
+    ]
+    found = support_candidates(
+        "Vitamin D supplementation reduces the risk of fractures [1].", passages, rules
+    )
+    assert [c.passage for c in found] == [1]
+
+
+def test_a_sentence_keeps_the_citations_that_support_it_is_rebound_or_dropped() -> None:
+    # Cited 1 and 2; only 2 supports it.
+    assert bound_sources([1, 2], {0: -1.0, 1: 2.0}, 0.5) == ([2], 2.0)
+    # Cited 1, which does not; passage 3 does: rebound.
+    assert bound_sources([1], {0: -1.0, 2: 1.5}, 0.5) == ([3], 1.5)
+    # Nothing supports it: dropped.
+    assert bound_sources([1], {0: -1.0, 1: 0.1}, 0.5) == ([], 0.1)
+
+
+def test_a_quote_is_recognised_whatever_its_marker_and_stop() -> None:
+    assert quoted("Supplementation with vitamin D reduced hip fractures [1].", [TEXTS[0]])
+    assert quoted("supplementation with  vitamin D reduced hip fractures", [TEXTS[0]])
+    assert not quoted("Vitamin D supplementation reduces the risk of fractures [1].", [TEXTS[0]])
