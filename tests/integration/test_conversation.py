@@ -139,7 +139,9 @@ async def test_ask_answers_a_follow_up_from_the_right_document(
     answer = await gateway.Ask(request, timeout=TIMEOUT_S * 2, wait_for_ready=True)
     assert answer.searched_query == "staging cluster configured"
     assert answer.answered, answer.answer
-    # The answer leads with the staging cluster's configuration. (The extractive answer may add
-    # sentences from the other passages read; which ones is the answer stage's business.)
+    # The answer states the staging cluster's configuration, and nothing of the production
+    # cluster it was not asked about. (Which other staging passages it adds, and in what order,
+    # is the answer stage's business.)
     doc_of = {c.number: c.doc_id for c in answer.citations}
-    assert [doc_of[n] for n in answer.sentences[0].sources] == [STAGING_DOC], answer.answer
+    cited = [doc_of[n] for s in answer.sentences for n in s.sources]
+    assert STAGING_DOC in cited and PRODUCTION_DOC not in cited, answer.answer
