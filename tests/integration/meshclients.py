@@ -89,6 +89,12 @@ class Mesh:
         request = ingestion_pb2.IngestDocumentsRequest(collection=collection, documents=documents)
         return await self.ingestion.IngestDocuments(request, timeout=30)
 
+    async def ingest_indexed(self, collection: str, docs: Sequence[tuple[str, str | bytes]]) -> None:
+        """Submit documents and wait until every one is indexed (fails the test otherwise)."""
+        await self.ingest(collection, docs)
+        statuses = await self.wait_settled(collection, [d for d, _ in docs])
+        assert all(s.state == ingestion_pb2.DOCUMENT_STATE_INDEXED for s in statuses.values()), statuses
+
     async def statuses(
         self, collection: str, doc_ids: Sequence[str]
     ) -> dict[str, ingestion_pb2.DocumentStatus]:

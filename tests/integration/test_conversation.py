@@ -15,7 +15,7 @@ from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh_cli.stack import Stack
 
 from .meshclients import Mesh
-from .test_ingest import INDEXED, new_collection
+from .test_ingest import new_collection
 
 pytestmark = pytest.mark.integration
 
@@ -83,9 +83,7 @@ async def corpus(stack: Stack) -> AsyncIterator[str]:
     mesh = Mesh(stack)
     try:
         collection = new_collection()
-        await mesh.ingest(collection, DOCS)
-        statuses = await mesh.wait_settled(collection, [d for d, _ in DOCS])
-        assert all(s.state == INDEXED for s in statuses.values()), statuses
+        await mesh.ingest_indexed(collection, DOCS)
         yield collection
     finally:
         await mesh.close()
