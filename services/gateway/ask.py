@@ -365,14 +365,7 @@ class Asker:
         if not answer.answered or not answer.sentences:
             return answer
         texts = [item.chunk.text for item in evidence]
-        pending = []
-        for sentence in answer.sentences:
-            sentence.support_check = narrator_pb2.SUPPORT_CHECK_LEXICAL
-            if quoted(sentence.text, [texts[n - 1] for n in sentence.sources if 0 < n <= len(texts)]):
-                sentence.support_check = narrator_pb2.SUPPORT_CHECK_QUOTED
-                sentence.ClearField("support_score")
-            else:
-                pending.append(sentence)
+        pending = _mark_quotes(answer, texts)
         if not pending:
             return answer
         rules = self._support_rules()
@@ -420,6 +413,7 @@ class Asker:
             )
             stated = _narrator_facts(selection_facts(selection.answer, evidence), evidence)
             fallback = stated_answer(stated, list(request.sources))
+            _mark_quotes(fallback, texts)
             fallback.rejected.extend(answer.rejected)
             fallback.degraded_reason = "invalid_output: no supported sentence"
             return fallback
@@ -566,6 +560,20 @@ def selection_facts(chosen: list[Scored], evidence: list[Evidence]) -> list[extr
 
 def _squashed(text: str) -> str:
     return " ".join(text.split()).lower()
+
+
+def _mark_quotes(answer: narrator_pb2.Answer, texts: list[str]) -> list[narrator_pb2.Sentence]:
+    """Marks each sentence of ``answer`` quoted from a passage it cites (supported as it is);
+    returns the others, marked lexical until the cross-encoder judges them."""
+    pending = []
+    for sentence in answer.sentences:
+        if quoted(sentence.text, [texts[n - 1] for n in sentence.sources if 0 < n <= len(texts)]):
+            sentence.support_check = narrator_pb2.SUPPORT_CHECK_QUOTED
+            sentence.ClearField("support_score")
+        else:
+            sentence.support_check = narrator_pb2.SUPPORT_CHECK_LEXICAL
+            pending.append(sentence)
+    return pending
 
 
 def quoted(sentence: str, passages: list[str]) -> bool:

@@ -112,6 +112,8 @@ async def test_unsupported_llm_facts_and_sentences_are_dropped_and_the_judged_an
     # Its sentence is supported by nothing read: dropped, and the judged extractive answer stands.
     assert "The answer is here" not in response.answer
     assert response.answer == "Vitamin D reduced hip fractures in a trial [1]. Compliance was high [1]."
+    # The sentences that replace it are quotes of the passage they cite, and say so.
+    assert [s.support_check for s in response.sentences] == [narrator_pb2.SUPPORT_CHECK_QUOTED] * 2
     assert response.mode == gateway_pb2.ANSWER_MODE_EXTRACTIVE
     assert (gateway_pb2.STAGE_NARRATOR, gateway_pb2.DEGRADATION_REASON_INVALID_OUTPUT) in {
         (d.stage, d.reason) for d in response.degradations
