@@ -86,9 +86,19 @@ class NatsServer:
             time.sleep(0.05)
 
     def pause(self) -> None:
-        """SIGSTOP: the server keeps its connections open and answers nothing (a hung host)."""
-        if self._proc is not None:
-            self._proc.send_signal(signal.SIGSTOP)
+        """SIGSTOP: the server keeps its connections open and answers nothing (a hung host).
+        Returns once the kernel shows it stopped: on a loaded machine the signal can take a
+        moment, during which the server would still answer."""
+        if self._proc is None:
+            return
+        self._proc.send_signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{self._proc.pid}/stat")
+        deadline = time.monotonic() + 5.0
+        while stat.exists() and time.monotonic() < deadline:
+            # The state is the field after the parenthesised command name.
+            if stat.read_text().rpartition(")")[2].split()[:1] == ["T"]:
+                return
+            time.sleep(0.005)
 
     def resume(self) -> None:
         if self._proc is not None:
