@@ -104,6 +104,7 @@ async def _search(address: str, collection: str, questions: list[dict[str, Any]]
                 }
                 for r in reply.results
             ]
+            item["unknown"] = list(reply.unknown_terms)
 
         await asyncio.gather(*(one(q) for q in questions))
 
@@ -211,7 +212,8 @@ def replay(
         if key in cached:
             scored.append(Scored(Candidate(c.passage, c.position, c.text), cached[key][1]))
     passage_scores = [r["rerank"] if r["rerank"] is not None else floor for r in read]
-    return read, select(item["question"], scored, [r["text"] for r in read], passage_scores, rules)
+    texts = [r["text"] for r in read]
+    return read, select(item["question"], scored, texts, passage_scores, rules, item.get("unknown", []))
 
 
 def evaluate(
@@ -257,12 +259,14 @@ def tune(args: argparse.Namespace) -> None:
         args.per_passage,
         args.sentence_margin,
         args.weight,
+        args.unknown,
     )
     rows = []
-    for gate, cov, margin, max_cited, per_passage, sentence_margin, weight in grid:
+    for gate, cov, margin, max_cited, per_passage, sentence_margin, weight, unknown in grid:
         rules = SelectionRules(
             gate_min_score=gate,
             gate_coverage_weight=cov,
+            gate_unknown_weight=unknown,
             fact_min_score=args.fact_min,
             max_facts=args.max_facts,
             sentence_weight=weight,
@@ -273,10 +277,11 @@ def tune(args: argparse.Namespace) -> None:
         )
         a = evaluate(answerable, rules, args.floor, args.passages, args.max_pairs)
         u = evaluate(unanswerable, rules, args.floor, args.passages, args.max_pairs)
-        rows.append((gate, cov, margin, max_cited, per_passage, sentence_margin, weight, a, u["refused"]))
-    for gate, cov, margin, max_cited, per_passage, sm, weight, a, refused in rows:
+        rule = (gate, cov, unknown, margin, max_cited, per_passage, sentence_margin, weight)
+        rows.append((*rule, a, u["refused"]))
+    for gate, cov, unknown, margin, max_cited, per_passage, sm, weight, a, refused in rows:
         print(
-            f"gate {gate:5.1f} cov {cov:.2f} w {weight:.1f} margin {margin:.1f} "
+            f"gate {gate:5.1f} cov {cov:.2f} unk {unknown:.1f} w {weight:.1f} margin {margin:.1f} "
             f"cited<={max_cited} per {per_passage} "
             f"sm {sm:.1f} | answered {a['answered']:.3f} gold {a['gold_cited']:.3f} "
             f"prec {a['precision']:.3f} rat {a['rationale_recall']:.3f} | refused {refused:.3f}"
@@ -389,6 +394,7 @@ def main() -> None:
         t.add_argument("--unanswerable", nargs="*", default=[])
         t.add_argument("--gate", nargs="+", type=float, default=[0.0])
         t.add_argument("--coverage", nargs="+", type=float, default=[0.0])
+        t.add_argument("--unknown", nargs="+", type=float, default=[0.0], help="gate_unknown_weight values")
         t.add_argument("--margin", nargs="+", type=float, default=[1.0])
         t.add_argument("--max-cited", nargs="+", type=int, default=[2])
         t.add_argument("--per-passage", nargs="+", type=int, default=[2])

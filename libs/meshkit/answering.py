@@ -68,11 +68,16 @@ def strip_citations(sentence: str) -> str:
     return _SPACED_CITATION.sub("", sentence).strip()
 
 
+def content_word_list(text: str) -> list[str]:
+    """Lower-cased words of ``text`` that carry meaning (stopwords and 1-letter tokens out), in
+    order of first appearance, without repeats."""
+    words = (m.group(0).lower() for m in _WORD.finditer(text))
+    return list(dict.fromkeys(w for w in words if len(w) > 1 and w not in STOPWORDS))
+
+
 def content_words(text: str) -> set[str]:
     """Lower-cased words of ``text`` that carry meaning (stopwords and 1-letter tokens out)."""
-    return {
-        w for w in (m.group(0).lower() for m in _WORD.finditer(text)) if len(w) > 1 and w not in STOPWORDS
-    }
+    return set(content_word_list(text))
 
 
 def coverage(part: str, whole: str) -> float:

@@ -645,6 +645,13 @@ class GatewaySettings(MeshSettings):
     gateway_ask_gate_coverage_weight: float = Field(
         10.0, ge=0, description="Evidence gate: the weight of the question's word coverage (see above)."
     )
+    gateway_ask_gate_unknown_weight: float = Field(
+        0.0,
+        ge=0,
+        description="Evidence gate: subtracted x the share of the question's content words that no document "
+        "of the collection holds (the BM25 leg reports them): a near miss asks about something the "
+        "collection never mentions.",
+    )
     gateway_ask_fact_min_score: float = Field(
         -2.0, description="Sentences scoring at least this (log-odds) are facts (the best always is)."
     )

@@ -17,7 +17,7 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from meshkit.answering import NO_EVIDENCE_REASON, not_found_text, strip_citations
@@ -49,8 +49,19 @@ UNSUPPORTED = "unsupported"
 # The gate's "no" (the cross-encoder found no sentence that answers, or the question's words are
 # not in the passages read).
 GATE_REASON = "no sentence of the passages read answers this question"
+# How many of the words no document holds a refusal names.
+REFUSAL_TERMS = 5
 KEEP_NONE = -math.inf
 _MARKERLESS_STOP = re.compile(r"[\s.!?\"')\]]+$")
+
+
+def gate_refusal(unknown_terms: Sequence[str]) -> str:
+    """Why the gate said no, naming the question's words that no document of the collection
+    holds: the caller sees what the documents never mention (or a typo of theirs)."""
+    if not unknown_terms:
+        return GATE_REASON
+    named = ", ".join(f'"{term}"' for term in unknown_terms[:REFUSAL_TERMS])
+    return f"{GATE_REASON}; no document mentions {named}"
 
 
 @dataclass(frozen=True)
@@ -224,11 +235,11 @@ class Asker:
             )
             with _deadline_scope(extract_end):
                 judge_started = time.perf_counter()
-                selection = await self._select(params, evidence, degradations)
+                selection = await self._select(params, evidence, searched.unknown_terms, degradations)
                 if selection is not None:
                     timings["judge"] = _ms(time.perf_counter() - judge_started)
                 if selection is not None and not selection.answered:
-                    gate_reason = GATE_REASON
+                    gate_reason = gate_refusal(searched.unknown_terms)
                 elif selection is not None and params.mode == EXTRACTIVE:
                     facts = selection_facts(selection.facts, evidence)
                     stated = selection_facts(selection.answer, evidence)
@@ -285,6 +296,7 @@ class Asker:
         return SelectionRules(
             gate_min_score=s.gateway_ask_gate_min_score,
             gate_coverage_weight=s.gateway_ask_gate_coverage_weight,
+            gate_unknown_weight=s.gateway_ask_gate_unknown_weight,
             fact_min_score=s.gateway_ask_fact_min_score,
             max_facts=s.gateway_ask_max_facts,
             sentence_weight=s.gateway_ask_sentence_weight,
@@ -301,7 +313,11 @@ class Asker:
         )
 
     async def _select(
-        self, params: AskParams, evidence: list[Evidence], degradations: list[Degradation]
+        self,
+        params: AskParams,
+        evidence: list[Evidence],
+        unknown_terms: Sequence[str],
+        degradations: list[Degradation],
     ) -> Selection | None:
         """The cross-encoder's verdict on the passages' sentences (see sentences.select); None
         when it is off, was not used for the search (rerank off) or fails: the lexical path then
@@ -316,6 +332,7 @@ class Asker:
                 self._selection_rules(),
                 max_passages=self.settings.gateway_ask_sentence_passages,
                 max_pairs=self.settings.gateway_ask_sentence_pairs,
+                unknown_terms=unknown_terms,
             )
         except DownstreamError as exc:
             degradations.append(_unchecked(exc))
@@ -477,7 +494,7 @@ class Asker:
         """The narrator's deltas, then its verified answer (always last); the gateway's own
         extractive answer when the narrator fails or is late. No facts: the documents do not say
         (``gate_reason`` tells why), without asking the narrator."""
-        if not request.facts and gate_reason == GATE_REASON:
+        if not request.facts and gate_reason != NO_EVIDENCE_REASON:
             answer = narrator_pb2.Answer(mode=request.mode, text=not_found_text(gate_reason))
             yield answer.text
             yield answer

@@ -71,16 +71,17 @@ class SentenceJudge:
         *,
         max_passages: int,
         max_pairs: int,
+        unknown_terms: Sequence[str] = (),
     ) -> Selection:
         """Score the passages' (title, text) candidate sentences against the question; select()
-        with the passages' own (reranker) scores."""
+        with the passages' own (reranker) scores and the question's words the collection lacks."""
         found = candidates(
             query, passages, max_passages=max_passages, max_sentences=max_pairs, max_pairs=max_pairs
         )
         scores = await self.score(query, [c.text for c in found])
         texts = [text for _, text in passages[:max_passages]]
         judged = [Scored(c, s) for c, s in zip(found, scores, strict=True)]
-        return select(query, judged, texts, passage_scores[:max_passages], rules)
+        return select(query, judged, texts, passage_scores[:max_passages], rules, unknown_terms)
 
     async def support(
         self,

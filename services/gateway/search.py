@@ -96,6 +96,9 @@ class SearchOutcome:
     reranked: bool = False
     # The fused list before reranking (top_k long); empty when reranking was off.
     fused: list[Fused] = field(default_factory=list)
+    # Content words of the searched query no document of the collection holds (the BM25 leg's
+    # finding; empty when that leg did not answer).
+    unknown_terms: list[str] = field(default_factory=list)
 
 
 class Backends:
@@ -241,6 +244,7 @@ class Fanout:
         self.attempted: set[str] = set()
         self.answered = 0
         self.missing = 0
+        self.unknown_terms: list[str] = []
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()
@@ -375,6 +379,7 @@ class Fanout:
             filter=params.filter_pb(),
         )
         reply = await sparse.call(sparse.stub.SearchBm25, request, timeout=self._left(), idempotent=True)
+        self.unknown_terms = list(reply.unknown_terms)
         return _hits(reply.hits)
 
     async def _exact(self) -> list[Hit]:
@@ -512,7 +517,9 @@ class Searcher:
         found = degradations.as_list()
         for item in found:
             metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
-        return SearchOutcome(top, chunks, plan, found, timings, fanout.lists, reranked, fused_top)
+        return SearchOutcome(
+            top, chunks, plan, found, timings, fanout.lists, reranked, fused_top, fanout.unknown_terms
+        )
 
     def _needs_supplement(self, plan: planner_pb2.Plan, params: SearchParams, fanout: Fanout) -> bool:
         """Supplement HyDE: only when the plain search came back weak, by the best dense

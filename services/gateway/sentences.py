@@ -61,10 +61,14 @@ class SelectionRules:
 
     # Evidence gate: the strongest passage's strength (see sentence_weight) plus
     # gate_coverage_weight times the share of the question's content words the passages read
-    # hold must reach gate_min_score. The words carry the verdict to corpora the cross-encoder
-    # was not trained on (it is confident about questions it has never seen the like of).
+    # hold, minus gate_unknown_weight times the share no document of the collection holds, must
+    # reach gate_min_score. The words carry the verdict to corpora the cross-encoder was not
+    # trained on (it is confident about questions it has never seen the like of); a word the
+    # whole collection lacks says more than one the passages read lack (they may paraphrase it),
+    # and it is what a near miss ("... over QUIC?" asked of HTTP/2 docs) has.
     gate_min_score: float
     gate_coverage_weight: float
+    gate_unknown_weight: float
     # Facts: sentences scoring at least this, best first, at most max_facts.
     fact_min_score: float
     max_facts: int
@@ -90,6 +94,8 @@ class Selection:
     # The gate's evidence score (see SelectionRules); None when no sentence was scored.
     evidence_score: float | None
     question_coverage: float
+    # Share of the question's content words no document of the collection holds.
+    unknown_share: float = 0.0
 
 
 def candidates(
@@ -135,28 +141,37 @@ def question_coverage(query: str, texts: Sequence[str]) -> float:
     return len(words & seen) / len(words)
 
 
+def unknown_share(query: str, unknown_terms: Sequence[str]) -> float:
+    """Share of the question's content words among ``unknown_terms`` (the words no document of
+    the collection holds, as the BM25 leg found them)."""
+    words = content_words(query)
+    return len(words & {t.lower() for t in unknown_terms}) / len(words) if words else 0.0
+
+
 def select(
     query: str,
     scored: Sequence[Scored],
     texts: Sequence[str],
     passage_scores: Sequence[float],
     rules: SelectionRules,
+    unknown_terms: Sequence[str] = (),
 ) -> Selection:
     """The gate's verdict, the facts and the answer's sentences from the scored candidates of
     passages whose texts are ``texts`` and whose own scores are ``passage_scores`` (by passage
-    index)."""
+    index); ``unknown_terms``: the question's words no document of the collection holds."""
     ranked = sorted(scored, key=lambda s: (-s.score, s.passage, s.candidate.position))
     share = question_coverage(query, texts)
+    unknown = unknown_share(query, unknown_terms)
     if not ranked:
-        return Selection(False, [], [], None, share)
+        return Selection(False, [], [], None, share, unknown)
     best_sentence: dict[int, float] = {}
     for item in ranked:
         best_sentence.setdefault(item.passage, item.score)
     strength = {p: passage_scores[p] + rules.sentence_weight * top for p, top in best_sentence.items()}
     strongest = max(strength.values())
-    evidence = strongest + rules.gate_coverage_weight * share
+    evidence = strongest + rules.gate_coverage_weight * share - rules.gate_unknown_weight * unknown
     if evidence < rules.gate_min_score:
-        return Selection(False, [], [], evidence, share)
+        return Selection(False, [], [], evidence, share, unknown)
     facts = [s for s in ranked if s.score >= rules.fact_min_score][: rules.max_facts] or ranked[:1]
     cited = sorted(
         (p for p in strength if strength[p] >= strongest - rules.cite_margin),
@@ -168,7 +183,7 @@ def select(
         top = own[0].score
         chosen = [s for s in own if s.score >= top - rules.sentence_margin][: rules.sentences_per_passage]
         answer.extend(sorted(chosen, key=lambda s: s.candidate.position))
-    return Selection(True, facts, answer, evidence, share)
+    return Selection(True, facts, answer, evidence, share, unknown)
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,7 @@ def to_ask_response(outcome: AskOutcome, params: AskParams) -> gateway_pb2.AskRe
         if answer.mode == narrator_pb2.NARRATION_MODE_LLM
         else gateway_pb2.ANSWER_MODE_EXTRACTIVE,
         searched_query=outcome.search.plan.searched_query,
+        unknown_terms=outcome.search.unknown_terms,
     )
     for citation in answer.citations:
         chunk = evidence[citation.number - 1].chunk
@@ -243,6 +244,7 @@ def to_response(outcome: SearchOutcome, params: SearchParams) -> gateway_pb2.Sea
         timings=[gateway_pb2.StageTiming(stage=stage, ms=ms) for stage, ms in outcome.timings.items()],
         reranked=outcome.reranked,
         searched_query=outcome.plan.searched_query,
+        unknown_terms=outcome.unknown_terms,
     )
     if params.include_leg_results:
         response.leg_results.extend(

@@ -35,6 +35,7 @@ from typing import Any
 import tantivy
 from tantivy import Occur, Query
 
+from meshkit.answering import content_word_list
 from meshkit.metadata import Clause, MetadataIndex
 
 log = logging.getLogger(__name__)
@@ -332,6 +333,11 @@ def check_deadline(deadline: float | None) -> None:
         raise DeadlinePassed("the exact search ran out of time (the caller's deadline)")
 
 
+def _doc_freq(searcher: tantivy.Searcher, term: str) -> int:
+    """Chunks whose body or title holds ``term`` (an analysed term), counted per field."""
+    return int(searcher.doc_freq("body", term)) + int(searcher.doc_freq("title", term))
+
+
 def _all_matching(searcher: tantivy.Searcher, query: Query) -> list[tuple[float, tantivy.DocAddress]]:
     # Count first: a top-k collector sized to the whole index would allocate for every doc.
     # The stubs of tantivy 0.27 omit SearchResult.count, which the runtime has.
@@ -561,6 +567,23 @@ class Collection:
             doc = searcher.doc(address)
             hits.append(Hit(_first(doc, "chunk_id"), _first(doc, "doc_id"), float(score)))
         return hits
+
+    def unknown_words(self, query: str, limit: int) -> list[str]:
+        """The query's content words (numbers aside) that no chunk's body or title holds, in
+        query order, at most ``limit``. A word is unknown when one of its stems is: "x-ray" needs
+        both "x" and "ray". Document frequencies count chunks deleted since the last merge,
+        which errs towards known."""
+        searcher = self._index.searcher()
+        unknown: list[str] = []
+        for word in content_word_list(query):
+            if len(unknown) == limit:
+                break
+            if word.isdigit():
+                continue
+            stems = [t for t in query_terms(word) if not t.isdigit()]
+            if any(_doc_freq(searcher, stem) == 0 for stem in stems):
+                unknown.append(word)
+        return unknown
 
     def phrase_candidates(
         self,

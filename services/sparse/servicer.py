@@ -40,6 +40,8 @@ from services.sparse.exact import (
 from services.sparse.store import SparseRemote, SparseStore, source_info
 
 MAX_KEYWORD_CHARS = 200
+# Unknown query words reported per search: enough to name what a question is about.
+MAX_UNKNOWN_TERMS = 16
 DEFAULT_EXACT_MAX_CANDIDATES = SparseSettings.model_fields["sparse_exact_max_candidates"].default
 
 
@@ -102,9 +104,9 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         allowed = await self._filtered(collection, request.filter, doc_ids)
         if allowed is None:
             return sparse_pb2.SearchBm25Response()
-        hits = await asyncio.to_thread(collection.search_bm25, query, top_k, allowed)
+        hits, unknown = await asyncio.to_thread(_bm25_and_unknown_words, collection, query, top_k, allowed)
         self._observe("bm25", started, hits)
-        return sparse_pb2.SearchBm25Response(hits=[_hit_pb(h) for h in hits])
+        return sparse_pb2.SearchBm25Response(hits=[_hit_pb(h) for h in hits], unknown_terms=unknown)
 
     async def SearchExact(
         self, request: sparse_pb2.SearchExactRequest, context: aio.ServicerContext
@@ -325,6 +327,12 @@ def exact_phrase(
     )
     counts = phrase_counts(candidates, keywords, deadline)
     return rank(counts, {r.chunk_id: r.doc_id for r in candidates}, keywords, top_k)
+
+
+def _bm25_and_unknown_words(
+    collection: Collection, query: str, top_k: int, allowed: Sequence[str]
+) -> tuple[list[Hit], list[str]]:
+    return collection.search_bm25(query, top_k, allowed), collection.unknown_words(query, MAX_UNKNOWN_TERMS)
 
 
 def _hit_pb(hit: Hit) -> sparse_pb2.SearchHit:

@@ -72,6 +72,8 @@ class Fakes:
     # else the default.
     sentence_scores: dict[str | tuple[str, str], float] = field(default_factory=dict)
     default_sentence_score: float = 2.0
+    # The fake BM25 leg's words of the query that no chunk holds.
+    unknown_terms: list[str] = field(default_factory=list)
 
     async def act(self, key: str, request: Any, context: aio.ServicerContext) -> None:
         self.calls[key] += 1
@@ -174,7 +176,9 @@ class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
 
     async def SearchBm25(self, request: Any, context: aio.ServicerContext) -> sparse_pb2.SearchBm25Response:
         await self.fakes.act("bm25", request, context)
-        return sparse_pb2.SearchBm25Response(hits=sparse_hits(BM25_RANKING))
+        return sparse_pb2.SearchBm25Response(
+            hits=sparse_hits(BM25_RANKING), unknown_terms=self.fakes.unknown_terms
+        )
 
     async def SearchExact(self, request: Any, context: aio.ServicerContext) -> sparse_pb2.SearchExactResponse:
         await self.fakes.act("exact", request, context)

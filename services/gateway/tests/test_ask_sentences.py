@@ -77,6 +77,24 @@ async def test_the_gate_says_the_documents_do_not_say_when_no_sentence_answers()
     assert response.sources
 
 
+async def test_words_no_document_holds_count_against_answering_and_are_named() -> None:
+    # Strong evidence (best passage 3.0 + 0.5 x 3.0) passes the gate alone; "zx-81" being in no
+    # document of the collection (the whole question's one content word) takes 10 off.
+    async with judged(
+        GOOD_EVIDENCE, gateway_ask_gate_min_score=2.0, gateway_ask_gate_unknown_weight=10.0
+    ) as gateway:
+        answered = await gateway.stub.Ask(ask(), timeout=10)
+        gateway.fakes.unknown_terms = ["zx-81"]
+        refused = await gateway.stub.Ask(ask(), timeout=10)
+        searched = await gateway.stub.Search(
+            gateway_pb2.SearchRequest(collection=COLLECTION, query=QUERY), timeout=10
+        )
+    assert answered.answered and list(answered.unknown_terms) == []
+    assert not refused.answered and not refused.citations and list(refused.unknown_terms) == ["zx-81"]
+    assert GATE_REASON in refused.answer and 'no document mentions "zx-81"' in refused.answer
+    assert list(searched.unknown_terms) == ["zx-81"]
+
+
 async def test_a_judge_that_is_down_leaves_the_lexical_path_and_a_reranker_degradation() -> None:
     async with judged(GOOD_EVIDENCE) as gateway:
         gateway.fakes.behaviour["judge"] = "fail"

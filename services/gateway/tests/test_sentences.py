@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from services.gateway.ask import bound_sources, quoted
 from services.gateway.sentences import (
     Candidate,
@@ -16,6 +18,7 @@ from services.gateway.sentences import (
 RULES = SelectionRules(
     gate_min_score=1.0,
     gate_coverage_weight=6.0,
+    gate_unknown_weight=8.0,
     fact_min_score=-1.0,
     max_facts=4,
     sentence_weight=1.0,
@@ -83,6 +86,24 @@ def test_the_gate_weighs_the_words_of_the_question_found_in_the_passages() -> No
     off_topic = select("How do I bake sourdough bread at home?", evidence, TEXTS, passages, RULES)
     assert not off_topic.answered
     assert off_topic.question_coverage == 0.0
+
+
+def test_the_gate_counts_words_the_collection_lacks_against_answering() -> None:
+    # A near miss: the passages hold 3 of the 5 content words ("reduce" and "quic" are not
+    # there) and the model is confident: strength 1.5 + 6 x 0.6 = 5.1 passes a gate at 5, but
+    # "quic" is in no document of the collection: 5.1 - 8 x 0.2 = 3.5 does not.
+    near = "Does vitamin D supplementation reduce QUIC fractures?"
+    evidence, passages = [scored(0, 0, 1.5)], [0.0, 0.0, 0.0]
+    strict = dataclasses.replace(RULES, gate_min_score=5.0)
+    unknown = select(near, evidence, TEXTS, passages, strict, ["quic"])
+    assert unknown.unknown_share == 0.2 and round(unknown.evidence_score or 0, 3) == 3.5
+    assert not unknown.answered
+    # The same question and scores with no unknown word (or the weight off) are answered.
+    assert select(near, evidence, TEXTS, passages, strict).answered
+    unweighted = dataclasses.replace(strict, gate_unknown_weight=0)
+    assert select(near, evidence, TEXTS, passages, unweighted, ["quic"]).answered
+    # Only the question's own content words count: a stray or stopword term changes nothing.
+    assert select(near, evidence, TEXTS, passages, strict, ["kafka", "the"]).unknown_share == 0.0
 
 
 def test_candidates_keep_the_sentences_closest_to_the_question_when_over_the_pair_bound() -> None:

@@ -57,6 +57,20 @@ def test_bm25_doc_filter(collection: Collection) -> None:
     assert collection.search_bm25("dogs", 10, ["animals/cats"]) == []  # filter never adds non-matches
 
 
+def test_unknown_words_are_the_query_words_no_chunk_holds(collection: Collection) -> None:
+    seeded(collection)
+    # Stemmed like the index ("running" is known from "runs"), title words count, stopwords and
+    # numbers are never unknown, each word once, in query order.
+    assert collection.unknown_words("How do running dogs and Cats bark in 2024?", 10) == []
+    assert collection.unknown_words("Do zebras run as fast as QUIC zebras, in x-ray 7?", 10) == [
+        "zebras",
+        "quic",
+        "x-ray",
+    ]
+    assert collection.unknown_words("zebras quic taxes", 1) == ["zebras"]
+    assert collection.unknown_words("???", 10) == []
+
+
 def test_replace_keeps_removes_and_reports_missing(tmp_path: Path, collection: Collection) -> None:
     first = chunk("guide", "Install the package with pip.", "Guide")
     second = chunk("guide", "Configure the port in settings.", "Guide")

@@ -98,6 +98,11 @@ async def test_end_to_end(tmp_path: Path, mode: str) -> None:
 
         bm25 = await stub.SearchBm25(pb.SearchBm25Request(collection="docs", query="rotating logs", top_k=5))
         assert {h.chunk_id for h in bm25.hits} == {disk.chunk_id, other.chunk_id}
+        assert list(bm25.unknown_terms) == []
+        unknown = await stub.SearchBm25(
+            pb.SearchBm25Request(collection="docs", query="rotating kafka logs on kubernetes", top_k=5)
+        )
+        assert list(unknown.unknown_terms) == ["kafka", "kubernetes"] and len(unknown.hits) == 2
         filtered = await stub.SearchBm25(
             pb.SearchBm25Request(collection="docs", query="rotating logs", top_k=5, doc_ids=["faq"])
         )

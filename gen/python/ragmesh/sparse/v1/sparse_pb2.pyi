@@ -123,10 +123,12 @@ class SearchHit(_message.Message):
     def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., score: _Optional[float] = ..., matched_keywords: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SearchBm25Response(_message.Message):
-    __slots__ = ("hits",)
+    __slots__ = ("hits", "unknown_terms")
     HITS_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_TERMS_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
-    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ...) -> None: ...
+    unknown_terms: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., unknown_terms: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SearchExactResponse(_message.Message):
     __slots__ = ("hits",)
