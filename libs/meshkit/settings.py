@@ -645,6 +645,12 @@ class GatewaySettings(MeshSettings):
     gateway_ask_gate_coverage_weight: float = Field(
         10.0, ge=0, description="Evidence gate: the weight of the question's word coverage (see above)."
     )
+    gateway_ask_llm_cite_strongest: bool = Field(
+        True,
+        description="LLM mode: an answer that, after the support check, cites none of the passages the "
+        "judged extractive answer would cite is replaced by that answer (narrator invalid_output "
+        "degradation). Turn off for an LLM that is trusted to weigh the evidence itself.",
+    )
     gateway_ask_gate_unknown_weight: float = Field(
         0.0,
         ge=0,

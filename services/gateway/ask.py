@@ -64,6 +64,14 @@ def gate_refusal(unknown_terms: Sequence[str]) -> str:
     return f"{GATE_REASON}; no document mentions {named}"
 
 
+def _cites_strongest(sentences: Sequence[narrator_pb2.Sentence], selection: Selection) -> bool:
+    """Whether an answer cites a passage the judged extractive answer would cite (source n is
+    passage n - 1): a small model that leans on weaker passages cites the answering document
+    less often than the extractive answer does."""
+    strongest = {item.passage + 1 for item in selection.answer}
+    return not strongest or any(n in strongest for s in sentences for n in s.sources)
+
+
 @dataclass(frozen=True)
 class AskParams:
     search: SearchParams
@@ -420,21 +428,46 @@ class Asker:
                 )
             )
         if not kept:
-            degradations.append(
-                Degradation(
-                    NARRATOR,
-                    INVALID_OUTPUT,
-                    self.narrator.target,
-                    "no sentence of the answer is supported by the passages it cites",
-                )
+            return self._judged_instead(
+                answer,
+                request,
+                evidence,
+                selection,
+                degradations,
+                "no sentence of the answer is supported by the passages it cites",
+                "no supported sentence",
             )
-            stated = _narrator_facts(selection_facts(selection.answer, evidence), evidence)
-            fallback = stated_answer(stated, list(request.sources))
-            _mark_quotes(fallback, texts)
-            fallback.rejected.extend(answer.rejected)
-            fallback.degraded_reason = "invalid_output: no supported sentence"
-            return fallback
+        if self.settings.gateway_ask_llm_cite_strongest and not _cites_strongest(kept, selection):
+            return self._judged_instead(
+                answer,
+                request,
+                evidence,
+                selection,
+                degradations,
+                "the answer cites none of the passages the cross-encoder found strongest",
+                "strongest evidence not cited",
+            )
         return with_sentences(answer, kept, list(request.sources))
+
+    def _judged_instead(
+        self,
+        answer: narrator_pb2.Answer,
+        request: narrator_pb2.NarrateRequest,
+        evidence: list[Evidence],
+        selection: Selection,
+        degradations: list[Degradation],
+        detail: str,
+        reason: str,
+    ) -> narrator_pb2.Answer:
+        """The judged extractive answer in place of the narrator's, with a degradation saying
+        why; what the narrator wrote and the check rejected stays listed."""
+        degradations.append(Degradation(NARRATOR, INVALID_OUTPUT, self.narrator.target, detail))
+        stated = _narrator_facts(selection_facts(selection.answer, evidence), evidence)
+        fallback = stated_answer(stated, list(request.sources))
+        _mark_quotes(fallback, [item.chunk.text for item in evidence])
+        fallback.rejected.extend(answer.rejected)
+        fallback.degraded_reason = f"invalid_output: {reason}"
+        return fallback
 
     async def _extract(
         self, params: AskParams, evidence: list[Evidence], degradations: list[Degradation]

@@ -108,7 +108,8 @@ async def test_a_judge_that_is_down_leaves_the_lexical_path_and_a_reranker_degra
 
 async def test_an_llm_sentence_its_citation_does_not_support_is_rebound_to_the_passage_that_does() -> None:
     scores = {**GOOD_EVIDENCE, (NARRATED, "The answer is here in full."): 2.0}
-    async with judged(scores) as gateway:
+    # (Passage 2 is not among the strongest: the rule tested below is off here.)
+    async with judged(scores, gateway_ask_llm_cite_strongest=False) as gateway:
         response = await gateway.stub.Ask(ask(gateway_pb2.ANSWER_MODE_LLM), timeout=10)
     assert response.mode == gateway_pb2.ANSWER_MODE_LLM
     assert response.answer == "The answer is here [2]."
@@ -117,6 +118,21 @@ async def test_an_llm_sentence_its_citation_does_not_support_is_rebound_to_the_p
     assert sentence.support_check == narrator_pb2.SUPPORT_CHECK_CROSS_ENCODER
     assert sentence.support_score == 2.0
     assert [(c.number, NAME_OF[c.chunk_id]) for c in response.citations] == [(2, "c1")]
+
+
+async def test_an_llm_answer_that_cites_none_of_the_strongest_passages_gives_way_to_the_judged_one() -> None:
+    # The same supported sentence, bound to passage 2 only; the judged extractive answer cites
+    # passage 1 (its sentences score 3.0 and 2.5 against 1.0): the extractive answer stands.
+    scores = {**GOOD_EVIDENCE, (NARRATED, "The answer is here in full."): 2.0}
+    async with judged(scores) as gateway:
+        response = await gateway.stub.Ask(ask(gateway_pb2.ANSWER_MODE_LLM), timeout=10)
+    assert response.answer == "Vitamin D reduced hip fractures in a trial [1]. Compliance was high [1]."
+    assert response.mode == gateway_pb2.ANSWER_MODE_EXTRACTIVE
+    assert any(
+        (d.stage, d.reason) == (gateway_pb2.STAGE_NARRATOR, gateway_pb2.DEGRADATION_REASON_INVALID_OUTPUT)
+        and "strongest" in d.message
+        for d in response.degradations
+    )
 
 
 async def test_unsupported_llm_facts_and_sentences_are_dropped_and_the_judged_answer_stands() -> None:
