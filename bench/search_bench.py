@@ -338,6 +338,22 @@ def ratios(results: dict[str, dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def comparison(results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The figures to compare across changes, gateway against in-process: the side-by-side
+    ratios (``p50_ratio_c1``, ``p50_ratio_c8``, ``throughput_ratio_c8``) and the raw p50s and
+    throughputs they come from."""
+    cell = {(side, c): results[f"{side} c={c}"] for side in (INPROC, GATEWAY) for c in CONCURRENCY}
+    out: dict[str, float] = {}
+    for c in CONCURRENCY:
+        out[f"p50_ratio_c{c}"] = cell[(GATEWAY, c)]["p50_ms"] / cell[(INPROC, c)]["p50_ms"]
+    out["throughput_ratio_c8"] = cell[(GATEWAY, 8)]["searches_per_s"] / cell[(INPROC, 8)]["searches_per_s"]
+    for side, name in ((GATEWAY, "gateway"), (INPROC, "inproc")):
+        for c in CONCURRENCY:
+            out[f"{name}_p50_ms_c{c}"] = cell[(side, c)]["p50_ms"]
+        out[f"{name}_searches_per_s_c8"] = cell[(side, 8)]["searches_per_s"]
+    return {key: round(value, 4) for key, value in out.items()}
+
+
 def print_table(result: dict[str, Any]) -> None:
     results, ratio = result["results"], result["gateway_vs_in_process"]
     print()
@@ -368,6 +384,11 @@ def main() -> None:
     parser.add_argument("--index-shards", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3600, help="ingestion timeout, seconds")
     parser.add_argument("--out", type=Path, default=Path("bench/results/search.json"))
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="end with one line: a JSON object of the gateway / in-process ratios and raw figures",
+    )
     args = parser.parse_args()
 
     queries = load_queries(args.dataset)[: args.limit_queries or None]
@@ -404,11 +425,14 @@ def main() -> None:
         "top_k": DEFAULT_TOP_K,
         **measured,
         "gateway_vs_in_process": ratios(measured["results"]),
+        "summary": comparison(measured["results"]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print_table(result)
     print(f"\nwritten to {args.out}")
+    if args.json:
+        print(json.dumps({"bench": "search", **result["summary"]}, sort_keys=True))
 
 
 if __name__ == "__main__":
