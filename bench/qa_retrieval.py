@@ -44,26 +44,43 @@ def hit_rates(ranks: Sequence[int | None]) -> dict[str, float]:
 
 
 async def ranked_doc_ids(
-    stub: gateway_pb2_grpc.GatewayServiceStub, collection: str, question: str, rerank: bool
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    collection: str,
+    question: str,
+    rerank: bool,
+    max_variations: int = 0,
 ) -> list[str]:
     request = gateway_pb2.SearchRequest(
-        collection=collection, query=question, top_k=max(CUTOFFS), collapse_documents=True, rerank=rerank
+        collection=collection,
+        query=question,
+        top_k=max(CUTOFFS),
+        collapse_documents=True,
+        rerank=rerank,
+        max_variations=max_variations,
     )
     response = await stub.Search(request, timeout=TIMEOUT_S)
     return [result.doc_id for result in response.results]
 
 
-async def measure(address: str, collection: str, items: Sequence[QAItem]) -> dict[str, object]:
+async def measure(
+    address: str, collection: str, items: Sequence[QAItem], max_variations: int = 0, fused_only: bool = False
+) -> dict[str, object]:
     gate = asyncio.Semaphore(CONCURRENCY)
-    report: dict[str, object] = {"questions": len(items), "collection": collection}
+    report: dict[str, object] = {
+        "questions": len(items),
+        "collection": collection,
+        "max_variations": max_variations,
+    }
     async with open_channel(address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
 
         async def rank(item: QAItem, rerank: bool) -> int | None:
             async with gate:
-                return gold_rank(item, await ranked_doc_ids(stub, collection, item.question, rerank))
+                found = await ranked_doc_ids(stub, collection, item.question, rerank, max_variations)
+                return gold_rank(item, found)
 
-        for name, rerank in (("fused", False), ("reranked", True)):
+        systems = (("fused", False),) if fused_only else (("fused", False), ("reranked", True))
+        for name, rerank in systems:
             ranks = await asyncio.gather(*(rank(item, rerank) for item in items))
             report[name] = hit_rates(ranks)
             report[f"{name}_missed_top10"] = [
@@ -79,13 +96,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--state-dir", type=Path, required=True, help="state directory of a running stack")
     parser.add_argument("--collection", default="grpcdocs")
     parser.add_argument("--split", choices=qa.SPLITS, default="test")
+    parser.add_argument(
+        "--max-variations",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="dense query variations per search (0: the planner's default); one JSON line per value",
+    )
+    parser.add_argument("--fused-only", action="store_true", help="skip the reranked searches")
     args = parser.parse_args(argv)
     split: Split = args.split
     items = [item for item in qa.load_grpc_docs(split) if item.answerable]
     use_state_dir(args.state_dir)
     address = resolve_component_address("gateway", args.state_dir)
-    report = asyncio.run(measure(address, args.collection, items))
-    print(json.dumps({"set": "grpc_docs", "split": split, **report}))
+    for variations in args.max_variations:
+        report = asyncio.run(measure(address, args.collection, items, variations, args.fused_only))
+        print(json.dumps({"set": "grpc_docs", "split": split, **report}))
 
 
 if __name__ == "__main__":

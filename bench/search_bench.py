@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
 import json
 import os
+import pstats
 import shutil
 import statistics
 import tempfile
@@ -38,12 +41,14 @@ import numpy as np
 from grpc import aio
 
 from bench.common import cli_ingest, collection_counts, corpus_file
+from meshkit.server import start_service
 from meshkit.settings import EmbedderSettings, GatewaySettings, IndexSettings, PlannerSettings, SparseSettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh_cli.stack import Stack
 from services.embedder.batcher import EmbedBatcher
 from services.embedder.model import EmbeddingModel, TextKind
 from services.gateway.fusion import Hit, combine_variations, merge_by_score, rrf
+from services.gateway.servicer import build_spec as gateway_build_spec
 from services.gateway.validation import BM25, DEFAULT_TOP_K, DENSE, EXACT
 from services.index.shard import policy_of
 from services.index.store import CollectionIndex
@@ -324,6 +329,45 @@ async def measure(
     }
 
 
+# Frames of the profile summary, by self time and by cumulative time.
+PROFILE_TOP = 25
+
+
+async def profile_gateway(env: dict[str, str], queries: Sequence[str], out: Path) -> str:
+    """One pass of searches at concurrency 1 through a gateway run in this process (against
+    the same read path) under cProfile: where a search's time goes in the gateway. The client's
+    calls are in the profile too (a small part; their frames are grpc's). Writes the raw
+    profile to ``out`` and returns the summary."""
+    fields: dict[str, Any] = {**_settings_of(env), "port": 0, "log_format": "text"}
+    settings = GatewaySettings(**fields)
+    running = await start_service(gateway_build_spec(settings), settings)
+    profiler = cProfile.Profile()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            search = gateway_search(gateway_pb2_grpc.GatewayServiceStub(channel))
+            await run_load(search, queries[:10], 1)  # warm
+            profiler.enable()
+            run = await run_load(search, queries, 1)
+            profiler.disable()
+    finally:
+        await running.stop(0)
+    profiler.dump_stats(out)
+    report = io.StringIO()
+    stats = pstats.Stats(profiler, stream=report).strip_dirs()
+    p50 = statistics.median(run.latencies_s) * 1000
+    report.write(f"{len(queries)} searches at c=1 in one process, p50 {p50:.1f} ms\n")
+    stats.sort_stats("tottime").print_stats(PROFILE_TOP)
+    stats.sort_stats("cumulative").print_stats(PROFILE_TOP)
+    return report.getvalue()
+
+
+def _settings_of(env: dict[str, str]) -> dict[str, str]:
+    """The mesh wiring (addresses, state dir) of ``env`` as GatewaySettings fields."""
+    prefix = "RAGMESH_"
+    fields = GatewaySettings.model_fields
+    return {k[len(prefix) :].lower(): v for k, v in env.items() if k[len(prefix) :].lower() in fields}
+
+
 def copy_stores(state_dir: Path, target: Path, index_shards: int) -> None:
     for name in [*(f"index-{i}" for i in range(index_shards)), "sparse"]:
         shutil.copytree(state_dir / name, target / name)
@@ -336,6 +380,22 @@ def ratios(results: dict[str, dict[str, float]]) -> dict[str, float]:
     out = {f"{key}_c{c}": ratio(c, key) for c in CONCURRENCY for key in ("p50_ms", "p95_ms")}
     out["searches_per_s_c8"] = ratio(8, "searches_per_s")
     return out
+
+
+def comparison(results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The figures to compare across changes, gateway against in-process: the side-by-side
+    ratios (``p50_ratio_c1``, ``p50_ratio_c8``, ``throughput_ratio_c8``) and the raw p50s and
+    throughputs they come from."""
+    cell = {(side, c): results[f"{side} c={c}"] for side in (INPROC, GATEWAY) for c in CONCURRENCY}
+    out: dict[str, float] = {}
+    for c in CONCURRENCY:
+        out[f"p50_ratio_c{c}"] = cell[(GATEWAY, c)]["p50_ms"] / cell[(INPROC, c)]["p50_ms"]
+    out["throughput_ratio_c8"] = cell[(GATEWAY, 8)]["searches_per_s"] / cell[(INPROC, 8)]["searches_per_s"]
+    for side, name in ((GATEWAY, "gateway"), (INPROC, "inproc")):
+        for c in CONCURRENCY:
+            out[f"{name}_p50_ms_c{c}"] = cell[(side, c)]["p50_ms"]
+        out[f"{name}_searches_per_s_c8"] = cell[(side, 8)]["searches_per_s"]
+    return {key: round(value, 4) for key, value in out.items()}
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -368,6 +428,18 @@ def main() -> None:
     parser.add_argument("--index-shards", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3600, help="ingestion timeout, seconds")
     parser.add_argument("--out", type=Path, default=Path("bench/results/search.json"))
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="after measuring, profile one c=1 pass through an in-process gateway (cProfile) and "
+        "write the raw profile here (its summary goes to stdout)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="end with one line: a JSON object of the gateway / in-process ratios and raw figures",
+    )
     args = parser.parse_args()
 
     queries = load_queries(args.dataset)[: args.limit_queries or None]
@@ -390,6 +462,11 @@ def main() -> None:
             measured = asyncio.run(
                 measure(read_path.address("gateway"), copy_dir, args.index_shards, queries, args.passes)
             )
+            if args.profile is not None:
+                try:
+                    print(asyncio.run(profile_gateway(read_path.client_env(), queries, args.profile)))
+                except Exception as exc:  # the measurements above stand without it
+                    print(f"profiling failed: {exc!r}")
         finally:
             read_path.down()
     finally:
@@ -404,11 +481,14 @@ def main() -> None:
         "top_k": DEFAULT_TOP_K,
         **measured,
         "gateway_vs_in_process": ratios(measured["results"]),
+        "summary": comparison(measured["results"]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print_table(result)
     print(f"\nwritten to {args.out}")
+    if args.json:
+        print(json.dumps({"bench": "search", **result["summary"]}, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -570,6 +570,15 @@ class GatewaySettings(MeshSettings):
     gateway_dense_combine: Literal["rrf", "max"] = Field(
         "rrf", description="How the dense leg merges its query variations: RRF of ranks or max cosine."
     )
+    gateway_planner: Literal["auto", "local", "service"] = Field(
+        "auto",
+        description="Where plans are made. local: the deterministic planner runs in the gateway process "
+        "(no network hop; pool sizes, keyword and variation counts from the RAGMESH_PLANNER_* settings the "
+        "gateway sees), and only requests asking for HyDE go to the planner service; service: every plan "
+        "from the planner service (BM25 and the question's dense search start while it plans); auto: service "
+        "when those settings configure an LLM (RAGMESH_PLANNER_MODE=llm or RAGMESH_PLANNER_HYDE_MODE not "
+        "off), else local.",
+    )
     gateway_planner_timeout_s: float = Field(
         2.0, gt=0, description="Longest wait for a plan (also capped to a share of the caller's deadline)."
     )

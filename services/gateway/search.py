@@ -36,6 +36,7 @@ from ragmesh.reranker.v1 import reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.gateway import metrics
 from services.gateway.fusion import Fused, Hit, collapse_documents, combine_variations, merge_by_score, rrf
+from services.gateway.planning import LocalPlanner, local_planner
 from services.gateway.rerank import RERANKER, candidate_count, rerank
 from services.gateway.validation import BM25, DENSE, EXACT, LEGS, SearchParams
 
@@ -168,6 +169,9 @@ class Job:
     stage: str
     target: str
     legs: tuple[str, ...]
+    # Embed and shard calls: the index of their first dense text, and how many they carry.
+    first: int = 0
+    count: int = 0
 
 
 class Degradations:
@@ -213,14 +217,16 @@ class Degradations:
 class Fanout:
     """The retrieval calls of one search, run concurrently until all are back or the leg
     deadline passes. Dense is two steps (embed, then every shard), so the shard calls are
-    started as soon as the vectors arrive, and a slow shard costs only its own hits."""
+    started as soon as the vectors arrive, and a slow shard costs only its own hits.
+
+    What does not depend on the plan (BM25 and the embedding of the question as asked) may
+    start before it (``start_early``) while the planner service works; ``start_planned`` then
+    adds the exact leg and the plan's other dense texts, and ``collect`` waits for them all."""
 
     def __init__(
         self,
         backends: Backends,
         params: SearchParams,
-        plan: planner_pb2.Plan,
-        dense_texts: list[str],
         pool: int,
         deadline: float,
         degradations: Degradations,
@@ -228,23 +234,27 @@ class Fanout:
     ) -> None:
         self.backends = backends
         self.params = params
-        self.plan = plan
-        self.dense_texts = dense_texts
+        self.plan = planner_pb2.Plan()
+        # Every dense text started so far, in plan order (the searched query first).
+        self.dense_texts: list[str] = []
         self.pool = pool
         self.deadline = deadline
         self.degradations = degradations
         self.combine_mode = combine_mode
         self.tasks: dict[asyncio.Task[Any], Job] = {}
+        self.settled: set[asyncio.Task[Any]] = set()
         self.timings: dict[str, float] = {}
         self.lists: dict[str, list[Hit]] = {}
-        # Per answering shard: hits per dense text.
-        self.shard_answers: list[list[list[Hit]]] = []
+        # Dense text index -> each answering shard's hits for it.
+        self.dense_hits: dict[int, list[list[Hit]]] = {}
         # Dense hits of texts searched after the fan-out (a supplementary HyDE passage).
         self.extra_dense: list[list[Hit]] = []
         self.attempted: set[str] = set()
         self.answered = 0
         self.missing = 0
         self.unknown_terms: list[str] = []
+        # The question the early calls searched; "" when nothing started early.
+        self.early_query = ""
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()
@@ -259,24 +269,87 @@ class Fanout:
 
         self.tasks[asyncio.create_task(timed())] = job
 
-    async def run(self) -> None:
-        params, sparse = self.params, self.backends.sparse
-        now = time.perf_counter()
+    def start_early(self) -> None:
+        """BM25 and the dense search of the question as asked, before the plan is known."""
+        params = self.params
+        self.early_query = params.query
         if params.enabled(DENSE):
-            self.attempted.add(DENSE)
-            self._spawn(Job("embed", EMBEDDER, EMBEDDER, (DENSE,)), "embed", now, self._embed())
+            self._start_dense([params.query])
         if params.enabled(BM25):
-            self.attempted.add(BM25)
-            self._spawn(Job(BM25, SPARSE, sparse.target, (BM25,)), BM25, now, self._bm25())
-        if params.enabled(EXACT) and self.plan.hard_keywords:
+            self._start_bm25()
+
+    def start_planned(
+        self, params: SearchParams, plan: planner_pb2.Plan, dense_texts: list[str], pool: int
+    ) -> None:
+        """What the plan adds: the exact leg, and the dense texts not already searched early
+        (``params``: the request as the plan searches it). Early calls made for another
+        question (the plan rewrote it) or a smaller pool are dropped and made again."""
+        self.params, self.plan = params, plan
+        if self.early_query and (self.early_query != self.params.query or pool > self.pool):
+            self.cancel()
+            self.early_query = ""
+        self.pool = pool
+        params = self.params
+        if params.enabled(DENSE) and len(dense_texts) > len(self.dense_texts):
+            self._start_dense(dense_texts[len(self.dense_texts) :])
+        if params.enabled(BM25) and not self.early_query:
+            self._start_bm25()
+        if params.enabled(EXACT) and plan.hard_keywords:
             self.attempted.add(EXACT)
-            self._spawn(Job(EXACT, SPARSE, sparse.target, (EXACT,)), EXACT, now, self._exact())
+            job = Job(EXACT, SPARSE, self.backends.sparse.target, (EXACT,))
+            self._spawn(job, EXACT, time.perf_counter(), self._exact())
+
+    def _start_dense(self, texts: list[str]) -> None:
+        self.attempted.add(DENSE)
+        first = len(self.dense_texts)
+        self.dense_texts.extend(texts)
+        job = Job("embed", EMBEDDER, EMBEDDER, (DENSE,), first, len(texts))
+        self._spawn(job, "embed", time.perf_counter(), self._embed(texts))
+
+    def _start_bm25(self) -> None:
+        self.attempted.add(BM25)
+        job = Job(BM25, SPARSE, self.backends.sparse.target, (BM25,))
+        self._spawn(job, BM25, time.perf_counter(), self._bm25())
+
+    def cancel(self) -> None:
+        """Drop every call in flight and everything learnt so far (the search starts over, or
+        is abandoned)."""
+        for task in self.tasks:
+            task.cancel()
+        self.tasks.clear()
+        self.settled.clear()
+        self.lists.clear()
+        self.dense_hits.clear()
+        self.dense_texts.clear()
+        self.attempted.clear()
+        self.unknown_terms = []
+        self.answered = self.missing = 0
+
+    async def run_until(self, other: asyncio.Task[Any]) -> None:
+        """Settle calls as they finish, so early vectors go on to the shards, until ``other``
+        (the plan) is done."""
+        while not other.done():
+            pending = {t for t in self.tasks if t not in self.settled}
+            await asyncio.wait({other, *pending}, return_when=asyncio.FIRST_COMPLETED)
+            self._settle_done()
+
+    async def collect(self) -> None:
+        """Wait for every call until the leg deadline, then build the dense list."""
         await self._collect()
-        if self.shard_answers:
+        for leg in (BM25, EXACT):
+            if leg in self.lists:
+                # Early calls asked for the largest pool a plan could want.
+                self.lists[leg] = self.lists[leg][: self.pool]
+        if self.dense_hits:
             self.lists[DENSE] = self._dense_list()
 
+    def _settle_done(self) -> None:
+        for task in [t for t in self.tasks if t.done() and t not in self.settled]:
+            self._settle(task)
+
     async def _collect(self) -> None:
-        pending: set[asyncio.Task[Any]] = set(self.tasks)
+        self._settle_done()
+        pending: set[asyncio.Task[Any]] = {t for t in self.tasks if t not in self.settled}
         try:
             while pending:
                 done, pending = await asyncio.wait(
@@ -284,9 +357,8 @@ class Fanout:
                 )
                 if not done:
                     break
-                for task in done:
-                    self._settle(task)
-                pending |= {t for t in self.tasks if not t.done()}
+                self._settle_done()
+                pending = {t for t in self.tasks if t not in self.settled}
         finally:
             for task in pending:
                 task.cancel()
@@ -299,14 +371,17 @@ class Fanout:
             )
 
     def _settle(self, task: asyncio.Task[Any]) -> None:
+        self.settled.add(task)
         job = self.tasks[task]
+        if task.cancelled():
+            return
         exc = task.exception()
         if exc is not None and not isinstance(exc, DownstreamError):
             raise exc
         if isinstance(exc, DownstreamError) and _collection_missing(exc) and job.stage != EMBEDDER:
             # The collection has no data there (a shard may hold none of a small collection).
             self.missing += 1
-            result: Any = [[] for _ in self.dense_texts] if job.kind == "shard" else []
+            result: Any = [[] for _ in range(job.count)] if job.kind == "shard" else []
         elif isinstance(exc, DownstreamError):
             self.degradations.add_error(job.stage, exc, job.legs)
             return
@@ -315,31 +390,32 @@ class Fanout:
             if job.stage != EMBEDDER:
                 self.answered += 1
         if job.kind == "embed":
-            self._start_shards(result)
+            self._start_shards(job.first, result)
         elif job.kind == "shard":
-            self.shard_answers.append(result)
+            for offset, hits in enumerate(result):
+                self.dense_hits.setdefault(job.first + offset, []).append(hits)
         else:
             self.lists[job.kind] = result
 
-    def _start_shards(self, vectors: list[common_pb2.Vector]) -> None:
+    def _start_shards(self, first: int, vectors: list[common_pb2.Vector]) -> None:
         if not self.backends.shards:
             self.degradations.add(INDEX, ERROR, INDEX, "no index shards are configured", (DENSE,))
             return
         now = time.perf_counter()
         for shard in self.backends.shards:
-            job = Job("shard", INDEX, shard.target, (DENSE,))
+            job = Job("shard", INDEX, shard.target, (DENSE,), first, len(vectors))
             self._spawn(job, DENSE, now, self._search_shard(shard, vectors))
 
-    async def _embed(self) -> list[common_pb2.Vector]:
+    async def _embed(self, texts: list[str]) -> list[common_pb2.Vector]:
         embedder = self.backends.embedder
-        request = embedder_pb2.EmbedRequest(texts=self.dense_texts, kind=embedder_pb2.TEXT_KIND_QUERY)
+        request = embedder_pb2.EmbedRequest(texts=texts, kind=embedder_pb2.TEXT_KIND_QUERY)
         reply = await embedder.call(embedder.stub.Embed, request, timeout=self._left(), idempotent=True)
-        if len(reply.vectors) != len(self.dense_texts):
+        if len(reply.vectors) != len(texts):
             raise DownstreamError(
                 embedder.target,
                 "error",
                 None,
-                f"{len(reply.vectors)} vectors for {len(self.dense_texts)} texts",
+                f"{len(reply.vectors)} vectors for {len(texts)} texts",
             )
         return list(reply.vectors)
 
@@ -395,17 +471,14 @@ class Fanout:
         return _hits(reply.hits)
 
     def _dense_list(self) -> list[Hit]:
-        per_text = [
-            merge_by_score((answer[i] for answer in self.shard_answers), self.pool)
-            for i in range(len(self.dense_texts))
-        ]
+        per_text = [merge_by_score(answers, self.pool) for _, answers in sorted(self.dense_hits.items())]
         return combine_variations(
             [*per_text, *self.extra_dense], self.params.rrf_k, self.pool, self.combine_mode
         )
 
     def best_dense_score(self) -> float | None:
         """The best cosine any dense text found (None: the dense leg found nothing)."""
-        scores = [hits[0].score for answer in self.shard_answers for hits in answer if hits]
+        scores = [hits[0].score for answers in self.dense_hits.values() for hits in answers if hits]
         return max(scores) if scores else None
 
     async def add_dense_text(self, text: str) -> None:
@@ -430,9 +503,17 @@ class Fanout:
 
 
 class Searcher:
-    def __init__(self, settings: GatewaySettings, backends: Backends) -> None:
+    def __init__(
+        self, settings: GatewaySettings, backends: Backends, planner: LocalPlanner | None = None
+    ) -> None:
         self.settings = settings
         self.backends = backends
+        # None: every plan comes from the planner service.
+        self.local_planner = planner
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> Searcher:
+        return cls(settings, Backends.from_settings(settings), local_planner(settings))
 
     def _leg_deadline(self, reranking: bool) -> float:
         """When the legs must be back: the caller's deadline less time for fusion and
@@ -456,6 +537,33 @@ class Searcher:
             return time.monotonic() + self.settings.client_timeout_s
         return inbound - REPLY_MARGIN_S
 
+    def _pool(self, params: SearchParams, plan_pool: int) -> int:
+        return min(max(params.pool_size or plan_pool, params.top_k), self.settings.gateway_max_pool_size)
+
+    def _early_pool(self, params: SearchParams) -> int:
+        """The pool of calls made before the plan: the largest any plan could ask for."""
+        return self._pool(params, max(FALLBACK_POOL.values()))
+
+    async def _planned(
+        self, params: SearchParams, fanout: Fanout, deadline: float, degradations: Degradations
+    ) -> planner_pb2.Plan:
+        """The plan: made here when the local planner serves the request; else asked of the
+        planner service while BM25 and the question's own dense search run (a conversation's
+        question is searched only once the planner has rewritten it)."""
+        local = self.local_planner
+        if local is not None and local.serves(params.hyde_mode):
+            plan = local.plan(params.query, params.strategy, params.max_variations, params.history)
+            return self._usable_plan(plan, params)
+        if not params.history:
+            fanout.start_early()
+        planning = asyncio.create_task(self._plan(params, deadline, degradations))
+        try:
+            await fanout.run_until(planning)
+        finally:
+            if not planning.done():
+                planning.cancel()
+        return planning.result()
+
     async def search(self, params: SearchParams) -> SearchOutcome:
         started = time.perf_counter()
         reranking = params.rerank and self.backends.reranker is not None
@@ -463,24 +571,26 @@ class Searcher:
         degradations = Degradations()
         timings: dict[str, float] = {}
 
-        plan = await self._plan(params, deadline, degradations)
-        timings["planner"] = _ms(time.perf_counter() - started)
-        # From here on every leg, the reranker and HyDE work on the query the plan searches (a
-        # follow-up's standalone rewrite); the outcome's plan says which it was.
-        params = dataclasses.replace(params, query=plan.searched_query)
-        pool = min(max(params.pool_size or plan.pool_size, params.top_k), self.settings.gateway_max_pool_size)
-        dense_texts = [*plan.variations, *([plan.hyde_passage] if plan.hyde_passage.strip() else [])]
         fanout = Fanout(
             self.backends,
             params,
-            plan,
-            dense_texts,
-            pool,
+            self._early_pool(params),
             deadline,
             degradations,
             self.settings.gateway_dense_combine,
         )
-        await fanout.run()
+        try:
+            plan = await self._planned(params, fanout, deadline, degradations)
+            timings["planner"] = _ms(time.perf_counter() - started)
+            # From here on every leg, the reranker and HyDE work on the query the plan searches (a
+            # follow-up's standalone rewrite); the outcome's plan says which it was.
+            params = dataclasses.replace(params, query=plan.searched_query)
+            dense_texts = [*plan.variations, *([plan.hyde_passage] if plan.hyde_passage.strip() else [])]
+            fanout.start_planned(params, plan, dense_texts, self._pool(params, plan.pool_size))
+            await fanout.collect()
+        except BaseException:
+            fanout.cancel()
+            raise
         timings.update(fanout.timings)
         self._raise_if_nothing_answered(params, fanout, degradations)
         if self._needs_supplement(plan, params, fanout):

@@ -40,7 +40,6 @@ from services.gateway.search import (
     PLANNER,
     SPARSE,
     UNAVAILABLE,
-    Backends,
     Degradation,
     Searcher,
     SearchOutcome,
@@ -84,7 +83,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def start(self) -> None:
         # Channels belong to the serving event loop, so they are made here, not in __init__.
-        self.searcher = Searcher(self.settings, Backends.from_settings(self.settings))
+        self.searcher = Searcher.from_settings(self.settings)
         self.asker = Asker.from_settings(self.settings, self.searcher)
 
     async def stop(self) -> None:

@@ -148,9 +148,18 @@ def llm_wanted(settings: PlannerSettings) -> bool:
     return settings.planner_mode == "llm" or settings.planner_hyde_mode != "off"
 
 
-def default_planner(settings: PlannerSettings, llm: LLM | None = None) -> Planner:
+def strategy_from_pb(strategy: planner_pb2.Strategy) -> Strategy | None:
+    """A known wire strategy as the planners take it (None: the planner decides)."""
+    return _STRATEGY_FROM_PB[strategy]
+
+
+def deterministic_planner(settings: PlannerSettings) -> DeterministicPlanner:
     pools = PoolSizes(settings.planner_precise_pool, settings.planner_exhaustive_pool)
-    deterministic = DeterministicPlanner(pools, settings.planner_max_keywords)
+    return DeterministicPlanner(pools, settings.planner_max_keywords)
+
+
+def default_planner(settings: PlannerSettings, llm: LLM | None = None) -> Planner:
+    deterministic = deterministic_planner(settings)
     if settings.planner_mode == "llm" and llm is not None:
         return LLMPlanner(llm, deterministic, settings.planner_max_keywords, settings.planner_llm_timeout_s)
     return deterministic

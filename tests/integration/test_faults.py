@@ -25,6 +25,7 @@ from grpc import aio
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2
+from ragmesh.planner.v1 import planner_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from ragmesh_cli.stack import Stack
 
@@ -261,7 +262,8 @@ async def test_nats_killed_mid_batch_loses_nothing(mesh: Mesh, stack: Stack) -> 
 # the load that exercises each: a failure of any of them shows as a degradation of the answer.
 REPLICATED = {
     "embedder": "search",
-    "planner": "search",
+    # The gateway plans in process unless HyDE is asked for: such searches reach the planner.
+    "planner": "hyde_search",
     "reranker": "search",
     "extractor": "ask",
     "narrator": "ask",
@@ -313,6 +315,8 @@ def load_for(
 
     async def search() -> str | None:
         request = pb.SearchRequest(collection=collection, query=next(queries), top_k=5, rerank=True)
+        if load == "hyde_search":
+            request.hyde_mode = planner_pb2.HYDE_MODE_FUSION
         reply = await gateway.Search(request, timeout=SEARCH_TIMEOUT_S, wait_for_ready=True)
         problem = problem_of(list(reply.degradations), len(reply.results))
         return problem or (None if reply.reranked else "not reranked")
@@ -322,7 +326,7 @@ def load_for(
         reply = await gateway.Ask(request, timeout=ASK_TIMEOUT_S, wait_for_ready=True)
         return problem_of(list(reply.degradations), len(reply.sources))
 
-    return search if load == "search" else ask
+    return ask if load == "ask" else search
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = PHASE_TIMEOUT_S) -> None:

@@ -1,10 +1,11 @@
 """Fake downstreams (planner, embedder, two index shards, sparse, reranker, extractor, narrator) on
 real gRPC servers, and a real gateway in front of them, so deadlines, retries and breakers play out
 as in production. Each fake method's behaviour is set per test: ok, fail (UNAVAILABLE), slow,
-missing (NOT_FOUND); the planner rewrites the query when it gets a conversation (huge_rewrite: a
-rewrite over every limit); the reranker also has unknown_id (its reply names a passage it was not
-sent), the planner llm_fallback (it planned without its LLM), the extractor and narrator degraded (their
-LLM failed, they answered without it) and the narrator cut (the stream breaks after one delta)."""
+missing (NOT_FOUND), lag (answers late, within the deadline); the planner rewrites the query when it
+gets a conversation (rewrite: always; huge_rewrite: a rewrite over every limit); the reranker also has
+unknown_id (its reply names a passage it was not sent), the planner llm_fallback (it planned without
+its LLM), the extractor and narrator degraded (their LLM failed, they answered without it) and the
+narrator cut (the stream breaks after one delta)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ from services.reranker.selection import select
 
 COLLECTION = "docs"
 SLOW_S = 5.0
+# "lag": a slow answer that still comes well within the deadline.
+LAG_S = 0.3
 DOC_OF = {"c0": "alpha.md", "c1": "beta.md", "c2": "alpha.md", "c3": "gamma.md", "c4": "delta.md"}
 CHUNK_ID = {name: chunk_id_for(COLLECTION, doc, name) for name, doc in DOC_OF.items()}
 NAME_OF = {cid: name for name, cid in CHUNK_ID.items()}
@@ -85,6 +88,8 @@ class Fakes:
             await context.abort(grpc.StatusCode.NOT_FOUND, "no such collection")
         if mode == "slow":
             await asyncio.sleep(SLOW_S)
+        if mode == "lag":
+            await asyncio.sleep(LAG_S)
 
 
 def sparse_hits(names: list[str]) -> list[sparse_pb2.SearchHit]:
@@ -104,6 +109,8 @@ class FakePlanner(planner_pb2_grpc.PlannerServiceServicer):
         searched = f"{STANDALONE_PREFIX}{request.history[-1].content}" if request.history else request.query
         if self.fakes.behaviour.get("planner") == "huge_rewrite":
             searched = "x" * 100_000
+        if self.fakes.behaviour.get("planner") == "rewrite":
+            searched = f"{STANDALONE_PREFIX}{request.query}"
         plan = planner_pb2.Plan(
             strategy=planner_pb2.STRATEGY_PRECISE,
             pool_size=50,
@@ -373,6 +380,9 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         # The expected fused scores in the tests are computed with these, not the tuned defaults.
         gateway_rrf_k=60,
         gateway_weight_exact=0.3,
+        # The fake planner service plans (its plans are the tests' fixtures); the in-process
+        # planner has tests of its own.
+        gateway_planner="service",
         planner_address=mesh_address,
         embedder_address=mesh_address,
         sparse_address=mesh_address,

@@ -58,9 +58,10 @@ async def test_whole_search_fuses_every_leg_and_hydrates(gateway: Gateway) -> No
     assert [NAME_OF[h.chunk_id] for h in response.leg_results[0].hits] == ["c0", "c1", "c2", "c3"]
 
     fakes = gateway.fakes
-    embed = fakes.requests["embedder"][0]
-    assert embed.kind == embedder_pb2.TEXT_KIND_QUERY
-    assert list(embed.texts) == ["what is a zx-81", "what is a zx-81 rephrased"]
+    # The question as asked is embedded while the planner plans; then only the plan's variation.
+    embeds = fakes.requests["embedder"]
+    assert all(embed.kind == embedder_pb2.TEXT_KIND_QUERY for embed in embeds)
+    assert [list(embed.texts) for embed in embeds] == [["what is a zx-81"], ["what is a zx-81 rephrased"]]
     assert fakes.calls["index-0"] == fakes.calls["index-1"] == 2  # one per shard and variation
     for key in ("index-0", "index-1", "bm25", "exact"):
         leg_request = fakes.requests[key][0]
