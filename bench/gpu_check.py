@@ -62,6 +62,7 @@ WORK_DIR = Path(".cache/gpu-check")
 VENV_ROOT = Path(".cache/gpu-venv")
 ONNX_REQUIREMENTS = Path("requirements-gpu-onnx.txt")
 VLLM_REQUIREMENTS = Path("requirements-gpu-vllm.txt")
+LOCK = Path("requirements.lock")
 EXIT_PASSED, EXIT_FAILED, EXIT_SKIPPED = 0, 1, 2
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 # Per-stage limits (seconds); each is further capped by what is left of the overall budget.
@@ -253,8 +254,13 @@ def venv_command(python: str, venv: Path, system_site_packages: bool) -> list[st
     return [python, "-m", "venv", *(["--system-site-packages"] if system_site_packages else []), str(venv)]
 
 
-def pip_install_command(python: Path, requirements: Path, wheels: Path | None) -> list[str]:
+def pip_install_command(
+    python: Path, requirements: Path, wheels: Path | None, constraints: Path | None = None
+) -> list[str]:
     command = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
+    if constraints is not None:
+        # The dependencies it shares with the project (numpy, protobuf) at the project's versions.
+        command += ["-c", str(constraints)]
     if wheels is not None:
         # Offline: nothing from an index, every wheel (dependencies too) from the directory.
         command += ["--no-index", "--find-links", str(wheels)]
@@ -274,8 +280,12 @@ def pip_download_command(
     return command
 
 
-def requirements_stamp(requirements: Path, wheels: Path | None) -> str:
-    return hashlib.sha256(requirements.read_bytes() + str(wheels).encode()).hexdigest()
+def requirements_stamp(plan: EnvPlan) -> str:
+    """What the venv was installed from: a change reinstalls, the same skips pip."""
+    constraints = plan.constraints.read_bytes() if plan.constraints else b""
+    return hashlib.sha256(
+        plan.requirements.read_bytes() + constraints + str(plan.wheels).encode()
+    ).hexdigest()
 
 
 def project_link(site_dirs: Sequence[str]) -> str:
@@ -305,6 +315,7 @@ class EnvPlan:
     system_site_packages: bool
     # Make the project's packages importable in the venv (after the venv's own).
     link_project: bool
+    constraints: Path | None = None
 
 
 def prepare_env(plan: EnvPlan, timeout: float, log: Path) -> dict[str, Any]:
@@ -313,12 +324,12 @@ def prepare_env(plan: EnvPlan, timeout: float, log: Path) -> dict[str, Any]:
     if not python.exists():
         run_command(venv_command(base_python(), plan.venv, plan.system_site_packages), timeout, log)
     stamp = plan.venv / ".ragmesh-requirements"
-    wanted = requirements_stamp(plan.requirements, plan.wheels)
+    wanted = requirements_stamp(plan)
     installed = "reused"
     if plan.install and (not stamp.exists() or stamp.read_text() != wanted):
         try:
             run_command(
-                pip_install_command(python, plan.requirements, plan.wheels),
+                pip_install_command(python, plan.requirements, plan.wheels, plan.constraints),
                 max(1.0, deadline - time.monotonic()),
                 log,
             )
@@ -764,7 +775,9 @@ def env_plans(args: argparse.Namespace) -> tuple[EnvPlan, EnvPlan]:
         "install": not args.no_install,
         "system_site_packages": args.system_site_packages,
     }
-    onnx = EnvPlan("onnx_env", VENV_ROOT / "onnx", ONNX_REQUIREMENTS, link_project=True, **common)
+    onnx = EnvPlan(
+        "onnx_env", VENV_ROOT / "onnx", ONNX_REQUIREMENTS, link_project=True, constraints=LOCK, **common
+    )
     vllm = EnvPlan("vllm_env", VENV_ROOT / "vllm", VLLM_REQUIREMENTS, link_project=False, **common)
     return onnx, vllm
 

@@ -312,6 +312,15 @@ def test_pip_installs_from_the_index_or_only_from_the_wheel_directory(tmp_path: 
     assert online[-2:] == ["-r", "requirements-gpu-onnx.txt"] and "--no-index" not in online
     offline = gpu_check.pip_install_command(python, Path("r.txt"), tmp_path)
     assert offline[-3:] == ["--no-index", "--find-links", str(tmp_path)]
+    pinned = gpu_check.pip_install_command(python, Path("r.txt"), None, Path("requirements.lock"))
+    assert pinned[-2:] == ["-c", "requirements.lock"]
+
+
+def test_the_onnx_venv_is_pinned_to_the_lock_and_the_vllm_venv_is_not() -> None:
+    onnx, vllm = gpu_check.env_plans(gpu_check.parse_args(["--no-install"]))
+    assert onnx.constraints == gpu_check.LOCK and onnx.link_project
+    assert vllm.constraints is None and not vllm.link_project
+    assert not onnx.install and not vllm.install
 
 
 def test_pip_download_targets_another_python_only_when_asked(tmp_path: Path) -> None:
