@@ -15,6 +15,15 @@ throughput, int8 against fp32 score agreement, and the speed/quality trade-off o
    claims, fetched once from the gateway (rerank off), are reranked in this process under each
    variant (tokens per pair, candidates), with the gateway's own selection and blend code:
    nDCG@10 and the p50 time to score one claim's candidates.
+4. Default against quality (``--quality-model-dir``, default: the same model). nDCG@10 of the test
+   claims reranked by each model (the gateway's fused candidates with ``--gateway``, else each
+   claim's BM25 top 35 in this process) and the paired bootstrap of the loss. The same model on
+   both sides loses nothing by construction: nothing is scored and the loss is 0.0.
+
+``--json``: the last line of output is one JSON object (``summary``) for comparing runs across
+changes: ``p50_ms_35`` (the default model through the service, 35 candidates, concurrency 1),
+pairs/s, ``ndcg10_loss`` (quality minus default; above 0: the default loses) and the models
+compared.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +50,7 @@ from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh_cli import metrics
 from ragmesh_cli.evaluation import load_dataset
 from ragmesh_cli.rerankerbuild.export import write_manifest
-from ragmesh_cli.rerankerbuild.mining import bm25_collection, chunk_corpus, read_beir_corpus
+from ragmesh_cli.rerankerbuild.mining import Corpus, bm25_collection, chunk_corpus, read_beir_corpus
 from services.gateway.fusion import Fused, blend_reranked
 from services.reranker.model import CrossEncoderModel
 from services.reranker.selection import select
@@ -52,29 +61,43 @@ RESULTS = Path("bench/results/rerank.json")
 RAW_PAIRS = 128
 
 
+# The issue's reranker figure: one claim's candidates at concurrency 1.
+SUMMARY_CANDIDATES = 35
+
+
 @dataclass
 class Workload:
     queries: list[str]
     # Per query: its candidate passages, best BM25 first.
     candidates: list[list[str]]
+    # Per query: the documents of those candidates, in the same order.
+    doc_ids: list[list[str]] = field(default_factory=list)
+    query_ids: list[str] = field(default_factory=list)
+
+
+def bm25_workload(corpus: Corpus, queries: Sequence[tuple[str, str]], depth: int) -> Workload:
+    """Each (query id, text) with its BM25 top ``depth`` chunks, as the gateway would send them."""
+    with tempfile.TemporaryDirectory(prefix="ragmesh-rerank-bench-") as workdir:
+        bm25 = bm25_collection(corpus, Path(workdir))
+        index = {p.chunk_id: p for p in corpus.passages}
+        work = Workload([], [])
+        for qid, text in queries:
+            hits = [index[h.chunk_id] for h in bm25.search_bm25(text, depth, [])]
+            work.query_ids.append(qid)
+            work.queries.append(text)
+            work.candidates.append([p.text for p in hits])
+            work.doc_ids.append([p.doc_id for p in hits])
+        bm25.close()
+    return work
 
 
 def train_workload(dataset: Path, claims: int, depth: int, seed: int) -> Workload:
-    """Train claims (never test) with their BM25 top chunks, as the gateway would send them."""
+    """Train claims (never test) with their BM25 top chunks."""
     data = load_dataset(dataset, "train")
     corpus = chunk_corpus(read_beir_corpus(data.corpus_path), "bench")
     chosen = sorted(data.queries.items())
     random.Random(seed).shuffle(chosen)
-    with tempfile.TemporaryDirectory(prefix="ragmesh-rerank-bench-") as workdir:
-        bm25 = bm25_collection(corpus, Path(workdir))
-        index = {p.chunk_id: p.text for p in corpus.passages}
-        queries, candidates = [], []
-        for _, text in chosen[:claims]:
-            hits = bm25.search_bm25(text, depth, [])
-            queries.append(text)
-            candidates.append([index[h.chunk_id] for h in hits])
-        bm25.close()
-    return Workload(queries, candidates)
+    return bm25_workload(corpus, chosen[:claims], depth)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -259,6 +282,93 @@ def trade_off(
     return rows
 
 
+# ---------------------------------------------------------------------------- 4. default vs quality
+
+
+def reranked_docs(
+    model: CrossEncoderModel, query: str, texts: Sequence[str], docs: Sequence[str]
+) -> list[str]:
+    scores, _ = model.score(query, texts)
+    return metrics.first_occurrence(docs[i] for i in np.argsort(-scores, kind="stable"))
+
+
+def ndcg_per_query(
+    model: CrossEncoderModel,
+    work: Workload,
+    qrels: metrics.Qrels,
+    fused: dict[str, list[gateway_pb2.SearchResult]] | None,
+    weight: float,
+) -> dict[str, float]:
+    """nDCG@10 of each test claim reranked by ``model``: with the gateway's fused candidates and
+    blend when given, else the claim's BM25 candidates ordered by the model's scores."""
+    run: dict[str, list[str]] = {}
+    for qid, query, texts, docs in zip(
+        work.query_ids, work.queries, work.candidates, work.doc_ids, strict=True
+    ):
+        if fused is not None:
+            run[qid], _ = rerank_run(model, query, fused[qid], SUMMARY_CANDIDATES, weight)
+        else:
+            run[qid] = reranked_docs(model, query, texts, docs)
+    return metrics.per_query(run, qrels, metrics.STANDARD_METRICS["ndcg@10"])
+
+
+def quality_comparison(
+    default_dir: Path,
+    quality_dir: Path,
+    dataset: Path,
+    limit: int,
+    fused: dict[str, list[gateway_pb2.SearchResult]] | None,
+    weight: float,
+) -> dict[str, Any]:
+    """nDCG@10 of the default model against the quality model on the test claims."""
+    same = default_dir.resolve() == quality_dir.resolve()
+    out: dict[str, Any] = {
+        "default_dir": str(default_dir),
+        "quality_dir": str(quality_dir),
+        "same_model": same,
+    }
+    if same:
+        return out | {"ndcg10_loss": 0.0, "basis": "the same model on both sides: no loss by construction"}
+    data = load_dataset(dataset, "test", limit or None)
+    corpus = chunk_corpus(read_beir_corpus(data.corpus_path), "bench")
+    work = bm25_workload(corpus, sorted(data.queries.items()), SUMMARY_CANDIDATES)
+    default = ndcg_per_query(CrossEncoderModel.load(default_dir), work, data.qrels, fused, weight)
+    quality = ndcg_per_query(CrossEncoderModel.load(quality_dir), work, data.qrels, fused, weight)
+    boot = metrics.paired_bootstrap(default, quality)
+    return out | {
+        "candidates": "gateway fused (blend as served)" if fused is not None else "BM25 top 35 (in process)",
+        "claims": boot.queries,
+        "ndcg10_default": round(boot.mean_a, 4),
+        "ndcg10_quality": round(boot.mean_b, 4),
+        "ndcg10_loss": round(boot.mean_diff, 4),
+        "ndcg10_loss_ci95": [round(boot.ci_low, 4), round(boot.ci_high, 4)],
+        "basis": "paired bootstrap over the test claims (quality minus default)",
+    }
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The one-line JSON of ``--json``: the default model's latency and throughput for 35
+    candidates through the service, and its nDCG@10 loss against the quality model."""
+    service = report["raw_vs_service"]["service"]
+    c1, c8 = service[f"{SUMMARY_CANDIDATES}@c1"], service.get(f"{SUMMARY_CANDIDATES}@c8", {})
+    quality = report["quality"]
+    return {
+        "bench": "rerank",
+        "model": report["model"]["name"],
+        "max_tokens": report["model"]["max_tokens"],
+        "quality_model_dir": quality["quality_dir"],
+        "same_model": quality["same_model"],
+        "p50_ms_35": c1["p50_ms"],
+        "p95_ms_35": c1["p95_ms"],
+        "pairs_per_s_c1": c1["pairs_per_s"],
+        "pairs_per_s_c8": c8.get("pairs_per_s"),
+        "raw_pairs_per_s": report["raw_vs_service"]["raw_pairs_per_s"],
+        "ndcg10_loss": quality["ndcg10_loss"],
+        "ndcg10_loss_ci95": quality.get("ndcg10_loss_ci95"),
+        "ndcg10_basis": quality["basis"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -272,6 +382,10 @@ def main() -> None:
     parser.add_argument("--collection", default="scifact")
     parser.add_argument("--limit", type=int, default=100, help="test claims for section 3 (0: all)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--quality-model-dir", type=Path, default=None, help="the quality option (default: --model-dir)"
+    )
+    parser.add_argument("--json", action="store_true", help="end with the one-line JSON summary")
     args = parser.parse_args()
 
     report: dict[str, Any] = {"model_dir": str(args.model_dir)}
@@ -293,22 +407,25 @@ def main() -> None:
             print(f"  {report['int8_vs_fp32']}")
     else:
         print(f"2. skipped: no fp32 export at {args.fp32} (make reranker-model leaves one)")
+    weight = GatewaySettings().gateway_rerank_fused_weight
+    fused = None
     if args.gateway:
         print("3. trade-off on the test split")
         data = load_dataset(args.dataset, "test", args.limit or None)
         fused = asyncio.run(fused_candidates(args.gateway, args.collection, data.queries, 100))
         variants = [(256, 35), (192, 35), (128, 35), (256, 20), (128, 20)]
-        report["trade_off"] = trade_off(
-            args.model_dir,
-            fused,
-            data.queries,
-            data.qrels,
-            variants,
-            GatewaySettings().gateway_rerank_fused_weight,
-        )
+        report["trade_off"] = trade_off(args.model_dir, fused, data.queries, data.qrels, variants, weight)
+    print("4. default against the quality model")
+    quality_dir = args.quality_model_dir or args.model_dir
+    report["quality"] = quality_comparison(
+        args.model_dir, quality_dir, args.dataset, args.limit, fused, weight
+    )
+    print(f"  {report['quality']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
+    if args.json:
+        print(json.dumps(summary(report), separators=(",", ":")))
 
 
 if __name__ == "__main__":
