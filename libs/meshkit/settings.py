@@ -648,11 +648,13 @@ class GatewaySettings(MeshSettings):
     gateway_ask_gate_min_score: float = Field(
         3.5,
         description="Evidence gate: the strongest passage's strength (see gateway_ask_sentence_weight) plus "
-        "gateway_ask_gate_coverage_weight x the share of the question's content words the passages read hold "
-        "must reach this (tuned on SciFact train claims and off-domain questions, bench/answer_tune.py).",
+        "gateway_ask_gate_coverage_weight x the share of the question's content words the passages read hold, "
+        "minus gateway_ask_gate_unknown_weight x the share no document holds, must reach this (tuned on SciFact "
+        "train claims, the grpc-docs tune questions and the tune halves of the unanswerable sets, "
+        "bench/answer_tune.py).",
     )
     gateway_ask_gate_coverage_weight: float = Field(
-        10.0, ge=0, description="Evidence gate: the weight of the question's word coverage (see above)."
+        12.0, ge=0, description="Evidence gate: the weight of the question's word coverage (see above)."
     )
     gateway_ask_llm_cite_strongest: bool = Field(
         True,
@@ -661,7 +663,7 @@ class GatewaySettings(MeshSettings):
         "degradation). Turn off for an LLM that is trusted to weigh the evidence itself.",
     )
     gateway_ask_gate_unknown_weight: float = Field(
-        0.0,
+        25.0,
         ge=0,
         description="Evidence gate: subtracted x the share of the question's content words that no document "
         "of the collection holds (the BM25 leg reports them): a near miss asks about something the "

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -259,10 +260,12 @@ class Fanout:
     def _left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def _spawn(self, job: Job, timing: str, started: float, work: Awaitable[Any]) -> None:
+    def _spawn(self, job: Job, timing: str, started: float, work: Callable[[], Awaitable[Any]]) -> None:
+        # ``work`` makes the call's coroutine inside the task: a task cancelled before it starts
+        # (early calls redone) then leaves no coroutine that was never awaited.
         async def timed() -> Any:
             try:
-                return await work
+                return await work()
             finally:
                 # A stage's time runs from its start to its last call's end (shards run together).
                 self.timings[timing] = max(self.timings.get(timing, 0.0), _ms(time.perf_counter() - started))
@@ -297,19 +300,19 @@ class Fanout:
         if params.enabled(EXACT) and plan.hard_keywords:
             self.attempted.add(EXACT)
             job = Job(EXACT, SPARSE, self.backends.sparse.target, (EXACT,))
-            self._spawn(job, EXACT, time.perf_counter(), self._exact())
+            self._spawn(job, EXACT, time.perf_counter(), self._exact)
 
     def _start_dense(self, texts: list[str]) -> None:
         self.attempted.add(DENSE)
         first = len(self.dense_texts)
         self.dense_texts.extend(texts)
         job = Job("embed", EMBEDDER, EMBEDDER, (DENSE,), first, len(texts))
-        self._spawn(job, "embed", time.perf_counter(), self._embed(texts))
+        self._spawn(job, "embed", time.perf_counter(), functools.partial(self._embed, texts))
 
     def _start_bm25(self) -> None:
         self.attempted.add(BM25)
         job = Job(BM25, SPARSE, self.backends.sparse.target, (BM25,))
-        self._spawn(job, BM25, time.perf_counter(), self._bm25())
+        self._spawn(job, BM25, time.perf_counter(), self._bm25)
 
     def cancel(self) -> None:
         """Drop every call in flight and everything learnt so far (the search starts over, or
@@ -404,7 +407,7 @@ class Fanout:
         now = time.perf_counter()
         for shard in self.backends.shards:
             job = Job("shard", INDEX, shard.target, (DENSE,), first, len(vectors))
-            self._spawn(job, DENSE, now, self._search_shard(shard, vectors))
+            self._spawn(job, DENSE, now, functools.partial(self._search_shard, shard, vectors))
 
     async def _embed(self, texts: list[str]) -> list[common_pb2.Vector]:
         embedder = self.backends.embedder

@@ -104,8 +104,9 @@ async def test_bm25_and_the_questions_dense_search_run_while_the_service_plans(g
     fakes.behaviour["bm25"] = "lag"
     response = await search(gateway)
     assert not response.degradations
-    # One after the other, plan then BM25 would take two lags.
-    assert timing(response, "total") < 1.8 * LAG_S * 1000, response.timings
+    # One after the other, plan then BM25 take at least two lags; together, one lag and the
+    # rest of the search (the margin is for a loaded machine).
+    assert timing(response, "total") < 2 * LAG_S * 1000, response.timings
     # The question's vectors were searched on every shard before the plan's variation was embedded.
     assert [list(e.texts) for e in fakes.requests["embedder"]] == [[QUERY], [f"{QUERY} rephrased"]]
     assert fakes.calls["index-0"] == fakes.calls["index-1"] == 2
