@@ -392,7 +392,7 @@ class Asker:
         texts = [item.chunk.text for item in evidence]
         pending = _mark_quotes(answer, texts)
         if not pending:
-            return answer
+            return self._unless_off_strongest(answer, request, evidence, selection, degradations)
         rules = self._support_rules()
         assert self.judge is not None
         try:
@@ -437,17 +437,34 @@ class Asker:
                 "no sentence of the answer is supported by the passages it cites",
                 "no supported sentence",
             )
-        if self.settings.gateway_ask_llm_cite_strongest and not _cites_strongest(kept, selection):
-            return self._judged_instead(
-                answer,
-                request,
-                evidence,
-                selection,
-                degradations,
-                "the answer cites none of the passages the cross-encoder found strongest",
-                "strongest evidence not cited",
-            )
-        return with_sentences(answer, kept, list(request.sources))
+        checked = with_sentences(answer, kept, list(request.sources))
+        return self._unless_off_strongest(checked, request, evidence, selection, degradations)
+
+    def _unless_off_strongest(
+        self,
+        answer: narrator_pb2.Answer,
+        request: narrator_pb2.NarrateRequest,
+        evidence: list[Evidence],
+        selection: Selection,
+        degradations: list[Degradation],
+    ) -> narrator_pb2.Answer:
+        """An LLM's answer, unless it cites none of the passages the judged extractive answer
+        would cite (gateway_ask_llm_cite_strongest): that answer then stands instead."""
+        if (
+            not self.settings.gateway_ask_llm_cite_strongest
+            or answer.mode != narrator_pb2.NARRATION_MODE_LLM
+            or _cites_strongest(answer.sentences, selection)
+        ):
+            return answer
+        return self._judged_instead(
+            answer,
+            request,
+            evidence,
+            selection,
+            degradations,
+            "the answer cites none of the passages the cross-encoder found strongest",
+            "strongest evidence not cited",
+        )
 
     def _judged_instead(
         self,
