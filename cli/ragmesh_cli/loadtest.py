@@ -576,6 +576,8 @@ def _build_reranker(data: LoadData, opts: RequestOptions) -> list[Message]:
                 for d in data.passages(i, opts.passages)
             ],
             top_n=opts.top_k,
+            # The model's capacity, not the score cache's: a second run repeats the pairs.
+            uncached=True,
         )
         for i, q in enumerate(data.queries)
     ]

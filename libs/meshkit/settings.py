@@ -535,6 +535,12 @@ class RerankerSettings(MeshSettings):
     reranker_max_queued_pairs: int = Field(
         4096, ge=1, description="Pairs waiting for the model before callers get UNAVAILABLE."
     )
+    reranker_score_cache_pairs: int = Field(
+        50_000,
+        ge=0,
+        description="(query, passage) scores each replica keeps (least recently used out first, about 150 "
+        "bytes each): a pair asked again is not run through the model again. 0: off.",
+    )
     reranker_min_score: float = Field(
         -5.0, description="Default threshold: passages scoring less are dropped."
     )
@@ -647,11 +653,11 @@ class GatewaySettings(MeshSettings):
     )
     gateway_ask_gate_min_score: float = Field(
         3.5,
-        description="Evidence gate: the strongest passage's strength (see gateway_ask_sentence_weight) plus "
-        "gateway_ask_gate_coverage_weight x the share of the question's content words the passages read hold, "
-        "minus gateway_ask_gate_unknown_weight x the share no document holds, must reach this (tuned on SciFact "
-        "train claims, the grpc-docs tune questions and the tune halves of the unanswerable sets, "
-        "bench/answer_tune.py).",
+        description="Evidence gate: the strongest passage's strength (see gateway_ask_sentence_weight) "
+        "plus gateway_ask_gate_coverage_weight x the share of the question's content words the passages "
+        "read hold, minus gateway_ask_gate_unknown_weight x the share no document holds, must reach this "
+        "(tuned on SciFact train claims, the grpc-docs tune questions and the tune halves of the "
+        "unanswerable sets, bench/answer_tune.py).",
     )
     gateway_ask_gate_coverage_weight: float = Field(
         12.0, ge=0, description="Evidence gate: the weight of the question's word coverage (see above)."

@@ -30,6 +30,7 @@ from meshkit.objectstore import ObjectStore
 from meshkit.server import ITEM_OVERHEAD_BYTES, ServiceSpec, text_request_bytes
 from meshkit.settings import RerankerSettings
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
+from services.reranker.cache import ScoreCache, Scored, pair_key
 from services.reranker.fetch import fetch_model_dir
 from services.reranker.model import TWO_CLASS, CrossEncoderModel
 from services.reranker.selection import select
@@ -42,6 +43,7 @@ _KEY = "pairs"
 
 PAIRS_SCORED = Counter("ragmesh_reranker_pairs_total", "Pairs run through the cross-encoder.")
 PAIRS_TRUNCATED = Counter("ragmesh_reranker_truncated_total", "Pairs cut to the model's token limit.")
+CACHE_HITS = Counter("ragmesh_reranker_cache_hits_total", "Pairs answered from the score cache.")
 FALLBACKS = Counter("ragmesh_reranker_fallback_total", "Rerank calls where no passage passed the threshold.")
 
 
@@ -89,6 +91,7 @@ class RerankerServicer(reranker_pb2_grpc.RerankerServiceServicer):
         self._settings = settings
         self._model = model
         self._batcher: MicroBatcher[str, tuple[str, str]] | None = None
+        self.cache = ScoreCache(settings.reranker_score_cache_pairs)
 
     async def start(self) -> None:
         if self._model is None:
@@ -138,9 +141,7 @@ class RerankerServicer(reranker_pb2_grpc.RerankerServiceServicer):
         validate(request, self._settings)
         settings = self._settings
         pairs = [(request.query, p.text) for p in request.passages]
-        scores, truncated = await self.batcher.submit(pairs, _KEY)
-        PAIRS_SCORED.inc(len(pairs))
-        PAIRS_TRUNCATED.inc(int(truncated.sum()))
+        scores, truncated = await self._scores(pairs, cached=not request.uncached)
         chosen = select(
             scores.tolist(),
             request.min_score if request.HasField("min_score") else settings.reranker_min_score,
@@ -165,6 +166,23 @@ class RerankerServicer(reranker_pb2_grpc.RerankerServiceServicer):
             scored=len(pairs),
             model=self.model.manifest.name,
         )
+
+    async def _scores(self, pairs: list[tuple[str, str]], cached: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and truncation flags of ``pairs``: from the cache (unless not ``cached``), the
+        others run through the model (and kept)."""
+        keys = [pair_key(query, text) for query, text in pairs]
+        found: list[Scored | None] = [self.cache.get(key) if cached else None for key in keys]
+        missing = [i for i, hit in enumerate(found) if hit is None]
+        CACHE_HITS.inc(len(pairs) - len(missing))
+        if missing:
+            scores, truncated = await self.batcher.submit([pairs[i] for i in missing], _KEY)
+            PAIRS_SCORED.inc(len(missing))
+            PAIRS_TRUNCATED.inc(int(truncated.sum()))
+            for i, score, cut in zip(missing, scores.tolist(), truncated.tolist(), strict=True):
+                found[i] = (float(score), bool(cut))
+                self.cache.put(keys[i], (float(score), bool(cut)))
+        known = [hit for hit in found if hit is not None]
+        return np.array([s for s, _ in known], dtype=np.float32), np.array([c for _, c in known], dtype=bool)
 
     async def GetModelInfo(
         self, request: reranker_pb2.GetModelInfoRequest, context: aio.ServicerContext

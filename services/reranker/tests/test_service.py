@@ -66,7 +66,8 @@ async def shut(server: Server) -> None:
 
 @pytest.fixture(scope="module")
 async def server(cell_model: CrossEncoderModel) -> AsyncIterator[Server]:
-    started = await serve(cell_model)
+    # No score cache: the tests count model runs and pairs scored across repeated requests.
+    started = await serve(cell_model, reranker_score_cache_pairs=0)
     yield started
     await shut(started)
 
@@ -284,3 +285,32 @@ async def test_concurrent_calls_share_model_runs(server: Server) -> None:
     # Each caller gets its own rows back, whatever run they were scored in.
     for i, reply in enumerate(replies):
         assert {r.id: r.score for r in reply.results} == {"p0": float(1 + i), "p1": 1.0}
+
+
+async def test_pairs_asked_again_come_from_the_score_cache(cell_model: CrossEncoderModel) -> None:
+    server = await serve(cell_model, reranker_score_cache_pairs=3)
+    try:
+        first = await server.stub.Rerank(request("cell", TEXTS[:3]), timeout=10)
+        runs = server.servicer.batcher.model_runs
+        pairs = counter("ragmesh_reranker_pairs_total")
+        hits = counter("ragmesh_reranker_cache_hits_total")
+        again = await server.stub.Rerank(request("cell", TEXTS[:3]), timeout=10)
+        # The same answer, without running the model.
+        assert [(r.id, r.score) for r in again.results] == [(r.id, r.score) for r in first.results]
+        assert server.servicer.batcher.model_runs == runs
+        assert counter("ragmesh_reranker_cache_hits_total") - hits == 3
+        # A new pair runs alone; the oldest pair then leaves the cache (capacity 3).
+        mixed = await server.stub.Rerank(request("cell", [TEXTS[3], TEXTS[1]]), timeout=10)
+        assert {r.id: r.score for r in mixed.results} == {"p0": 3.0, "p1": 3.0}
+        assert counter("ragmesh_reranker_pairs_total") - pairs == 1
+        assert len(server.servicer.cache) == 3
+        # Another query is another pair.
+        other = await server.stub.Rerank(request("end", TEXTS[:1]), timeout=10)
+        assert counter("ragmesh_reranker_pairs_total") - pairs == 2 and other.results
+        # uncached: every pair runs, cached or not.
+        fresh = request("cell", [TEXTS[3], TEXTS[1]])
+        fresh.uncached = True
+        await server.stub.Rerank(fresh, timeout=10)
+        assert counter("ragmesh_reranker_pairs_total") - pairs == 4
+    finally:
+        await shut(server)

@@ -24,27 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"ragmesh/reranker/v1/reranker.proto\x12\x13ragmesh.reranker.v1\"#\n\x07Passage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xb3\x01\n\rRerankRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12.\n\x08passages\x18\x02 \x03(\x0b\x32\x1c.ragmesh.reranker.v1.Passage\x12\r\n\x05top_n\x18\x03 \x01(\r\x12\x16\n\tmin_score\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x1b\n\x0e\x66\x61llback_count\x18\x05 \x01(\rH\x01\x88\x01\x01\x42\x0c\n\n_min_scoreB\x11\n\x0f_fallback_count\"T\n\x0fRerankedPassage\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x13\n\x0binput_index\x18\x03 \x01(\r\x12\x11\n\ttruncated\x18\x04 \x01(\x08\"x\n\x0eRerankResponse\x12\x35\n\x07results\x18\x01 \x03(\x0b\x32$.ragmesh.reranker.v1.RerankedPassage\x12\x10\n\x08\x66\x61llback\x18\x02 \x01(\x08\x12\x0e\n\x06scored\x18\x03 \x01(\r\x12\r\n\x05model\x18\x04 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\xee\x01\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x04head\x18\x02 \x01(\x0e\x32\x19.ragmesh.reranker.v1.Head\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x11\n\tmax_batch\x18\x04 \x01(\r\x12\x10\n\x08provider\x18\x05 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x06 \x01(\t\x12\x19\n\x11\x64\x65\x66\x61ult_min_score\x18\x07 \x01(\x02\x12\x1e\n\x16\x64\x65\x66\x61ult_fallback_count\x18\x08 \x01(\r\x12\x14\n\x0cmax_passages\x18\t \x01(\r*G\n\x04Head\x12\x14\n\x10HEAD_UNSPECIFIED\x10\x00\x12\x15\n\x11HEAD_SINGLE_LOGIT\x10\x01\x12\x12\n\x0eHEAD_TWO_CLASS\x10\x02\x32\xc9\x01\n\x0fRerankerService\x12Q\n\x06Rerank\x12\".ragmesh.reranker.v1.RerankRequest\x1a#.ragmesh.reranker.v1.RerankResponse\x12\x63\n\x0cGetModelInfo\x12(.ragmesh.reranker.v1.GetModelInfoRequest\x1a).ragmesh.reranker.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"ragmesh/reranker/v1/reranker.proto\x12\x13ragmesh.reranker.v1\"#\n\x07Passage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xc5\x01\n\rRerankRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12.\n\x08passages\x18\x02 \x03(\x0b\x32\x1c.ragmesh.reranker.v1.Passage\x12\r\n\x05top_n\x18\x03 \x01(\r\x12\x16\n\tmin_score\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x1b\n\x0e\x66\x61llback_count\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x10\n\x08uncached\x18\x06 \x01(\x08\x42\x0c\n\n_min_scoreB\x11\n\x0f_fallback_count\"T\n\x0fRerankedPassage\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x13\n\x0binput_index\x18\x03 \x01(\r\x12\x11\n\ttruncated\x18\x04 \x01(\x08\"x\n\x0eRerankResponse\x12\x35\n\x07results\x18\x01 \x03(\x0b\x32$.ragmesh.reranker.v1.RerankedPassage\x12\x10\n\x08\x66\x61llback\x18\x02 \x01(\x08\x12\x0e\n\x06scored\x18\x03 \x01(\r\x12\r\n\x05model\x18\x04 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\xee\x01\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x04head\x18\x02 \x01(\x0e\x32\x19.ragmesh.reranker.v1.Head\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x11\n\tmax_batch\x18\x04 \x01(\r\x12\x10\n\x08provider\x18\x05 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x06 \x01(\t\x12\x19\n\x11\x64\x65\x66\x61ult_min_score\x18\x07 \x01(\x02\x12\x1e\n\x16\x64\x65\x66\x61ult_fallback_count\x18\x08 \x01(\r\x12\x14\n\x0cmax_passages\x18\t \x01(\r*G\n\x04Head\x12\x14\n\x10HEAD_UNSPECIFIED\x10\x00\x12\x15\n\x11HEAD_SINGLE_LOGIT\x10\x01\x12\x12\n\x0eHEAD_TWO_CLASS\x10\x02\x32\xc9\x01\n\x0fRerankerService\x12Q\n\x06Rerank\x12\".ragmesh.reranker.v1.RerankRequest\x1a#.ragmesh.reranker.v1.RerankResponse\x12\x63\n\x0cGetModelInfo\x12(.ragmesh.reranker.v1.GetModelInfoRequest\x1a).ragmesh.reranker.v1.GetModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragmesh.reranker.v1.reranker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_HEAD']._serialized_start=750
-  _globals['_HEAD']._serialized_end=821
+  _globals['_HEAD']._serialized_start=768
+  _globals['_HEAD']._serialized_end=839
   _globals['_PASSAGE']._serialized_start=59
   _globals['_PASSAGE']._serialized_end=94
   _globals['_RERANKREQUEST']._serialized_start=97
-  _globals['_RERANKREQUEST']._serialized_end=276
-  _globals['_RERANKEDPASSAGE']._serialized_start=278
-  _globals['_RERANKEDPASSAGE']._serialized_end=362
-  _globals['_RERANKRESPONSE']._serialized_start=364
-  _globals['_RERANKRESPONSE']._serialized_end=484
-  _globals['_GETMODELINFOREQUEST']._serialized_start=486
-  _globals['_GETMODELINFOREQUEST']._serialized_end=507
-  _globals['_GETMODELINFORESPONSE']._serialized_start=510
-  _globals['_GETMODELINFORESPONSE']._serialized_end=748
-  _globals['_RERANKERSERVICE']._serialized_start=824
-  _globals['_RERANKERSERVICE']._serialized_end=1025
+  _globals['_RERANKREQUEST']._serialized_end=294
+  _globals['_RERANKEDPASSAGE']._serialized_start=296
+  _globals['_RERANKEDPASSAGE']._serialized_end=380
+  _globals['_RERANKRESPONSE']._serialized_start=382
+  _globals['_RERANKRESPONSE']._serialized_end=502
+  _globals['_GETMODELINFOREQUEST']._serialized_start=504
+  _globals['_GETMODELINFOREQUEST']._serialized_end=525
+  _globals['_GETMODELINFORESPONSE']._serialized_start=528
+  _globals['_GETMODELINFORESPONSE']._serialized_end=766
+  _globals['_RERANKERSERVICE']._serialized_start=842
+  _globals['_RERANKERSERVICE']._serialized_end=1043
 # @@protoc_insertion_point(module_scope)

@@ -25,18 +25,20 @@ class Passage(_message.Message):
     def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
-    __slots__ = ("query", "passages", "top_n", "min_score", "fallback_count")
+    __slots__ = ("query", "passages", "top_n", "min_score", "fallback_count", "uncached")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     PASSAGES_FIELD_NUMBER: _ClassVar[int]
     TOP_N_FIELD_NUMBER: _ClassVar[int]
     MIN_SCORE_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    UNCACHED_FIELD_NUMBER: _ClassVar[int]
     query: str
     passages: _containers.RepeatedCompositeFieldContainer[Passage]
     top_n: int
     min_score: float
     fallback_count: int
-    def __init__(self, query: _Optional[str] = ..., passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., top_n: _Optional[int] = ..., min_score: _Optional[float] = ..., fallback_count: _Optional[int] = ...) -> None: ...
+    uncached: bool
+    def __init__(self, query: _Optional[str] = ..., passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., top_n: _Optional[int] = ..., min_score: _Optional[float] = ..., fallback_count: _Optional[int] = ..., uncached: _Optional[bool] = ...) -> None: ...
 
 class RerankedPassage(_message.Message):
     __slots__ = ("id", "score", "input_index", "truncated")
