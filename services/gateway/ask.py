@@ -389,6 +389,11 @@ class Asker:
         dropped. When nothing is left, the cross-encoder's extractive answer stands instead."""
         if not answer.answered or not answer.sentences:
             return answer
+        if request.mode == narrator_pb2.NARRATION_MODE_LLM and answer.mode != narrator_pb2.NARRATION_MODE_LLM:
+            # The LLM failed and the narrator (or the gateway for it) stated the extractor's
+            # facts; the judged sentences make the better extractive answer. The failure is
+            # already a degradation.
+            return self._judged_answer(answer, request, evidence, selection, answer.degraded_reason)
         texts = [item.chunk.text for item in evidence]
         pending = _mark_quotes(answer, texts)
         if not pending:
@@ -477,13 +482,25 @@ class Asker:
         reason: str,
     ) -> narrator_pb2.Answer:
         """The judged extractive answer in place of the narrator's, with a degradation saying
-        why; what the narrator wrote and the check rejected stays listed."""
+        why."""
         degradations.append(Degradation(NARRATOR, INVALID_OUTPUT, self.narrator.target, detail))
+        return self._judged_answer(answer, request, evidence, selection, f"invalid_output: {reason}")
+
+    @staticmethod
+    def _judged_answer(
+        answer: narrator_pb2.Answer,
+        request: narrator_pb2.NarrateRequest,
+        evidence: list[Evidence],
+        selection: Selection,
+        degraded_reason: str,
+    ) -> narrator_pb2.Answer:
+        """The judged extractive answer; what the narrator wrote and the check rejected stays
+        listed."""
         stated = _narrator_facts(selection_facts(selection.answer, evidence), evidence)
         fallback = stated_answer(stated, list(request.sources))
         _mark_quotes(fallback, [item.chunk.text for item in evidence])
         fallback.rejected.extend(answer.rejected)
-        fallback.degraded_reason = f"invalid_output: {reason}"
+        fallback.degraded_reason = degraded_reason
         return fallback
 
     async def _extract(

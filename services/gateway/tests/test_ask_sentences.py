@@ -152,3 +152,13 @@ async def test_unsupported_llm_facts_and_sentences_are_dropped_and_the_judged_an
     assert (gateway_pb2.STAGE_NARRATOR, gateway_pb2.DEGRADATION_REASON_INVALID_OUTPUT) in {
         (d.stage, d.reason) for d in response.degradations
     }
+
+
+async def test_an_llm_ask_whose_narrator_is_down_states_the_judged_sentences() -> None:
+    async with judged(GOOD_EVIDENCE) as gateway:
+        gateway.fakes.behaviour["narrator"] = "fail"
+        response = await gateway.stub.Ask(ask(gateway_pb2.ANSWER_MODE_LLM), timeout=10)
+    # Not the best facts of distinct passages: the passages the judge found strongest.
+    assert response.answer == "Vitamin D reduced hip fractures in a trial [1]. Compliance was high [1]."
+    assert response.mode == gateway_pb2.ANSWER_MODE_EXTRACTIVE
+    assert gateway_pb2.STAGE_NARRATOR in {d.stage for d in response.degradations}
