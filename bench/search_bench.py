@@ -185,7 +185,7 @@ class InProcessSearch:
     def _plan(self, query: str) -> tuple[list[str], list[str], int]:
         """Dense texts, hard keywords and pool size, as the gateway uses the planner's plan."""
         plan = self.planner.plan_sync(
-            PlanInput(query, None, self.planner_settings.planner_default_variations, None)
+            PlanInput(query, None, self.planner_settings.planner_deterministic_variations, None)
         )
         gateway = self.gateway
         variations = list(dict.fromkeys([query, *(v for v in plan.variations if v.strip())]))

@@ -496,7 +496,17 @@ class PlannerSettings(LLMSettings):
     planner_precise_pool: int = Field(50, ge=1, description="Candidates per leg, precise plans.")
     planner_exhaustive_pool: int = Field(80, ge=1, description="Candidates per leg, exhaustive plans.")
     planner_default_variations: int = Field(
-        3, ge=1, description="Dense queries when the caller asks for 0 (the original counts; 1: only it)."
+        3,
+        ge=1,
+        description="Dense queries of an LLM plan when the caller asks for 0 (the original counts; 1: only "
+        "it): the LLM's rephrasings and sub-queries of exhaustive questions.",
+    )
+    planner_deterministic_variations: int = Field(
+        1,
+        ge=1,
+        description="Dense queries of a deterministic plan when the caller asks for 0. Its rule-based "
+        "rephrasings matched the question alone within noise on SciFact train and the grpc-docs questions "
+        "(docs/BENCHMARKS.md) at twice or three times the embedding and index work.",
     )
     planner_max_variations: int = Field(8, ge=1, description="Largest max_variations a caller may ask for.")
     planner_max_keywords: int = Field(8, ge=1, description="Most hard keywords in one plan.")

@@ -41,7 +41,7 @@ class LocalPlanner:
         """The plan the planner service would give for a request without HyDE (the gateway has
         validated the query, strategy and history against its own limits)."""
         limits = self.settings
-        wanted = max_variations or limits.planner_default_variations
+        wanted = max_variations or limits.planner_deterministic_variations
         request = PlanInput(
             query=query,
             strategy=strategy_from_pb(strategy),

@@ -100,7 +100,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         return PlanInput(
             query=query,
             strategy=_STRATEGY_FROM_PB[request.strategy],
-            max_variations=request.max_variations or limits.planner_default_variations,
+            max_variations=request.max_variations or default_variations(limits),
             hyde_mode=resolve_hyde_mode(
                 _HYDE_FROM_PB[request.hyde_mode],
                 limits.planner_hyde_mode,
@@ -148,6 +148,13 @@ def llm_wanted(settings: PlannerSettings) -> bool:
     return settings.planner_mode == "llm" or settings.planner_hyde_mode != "off"
 
 
+def default_variations(settings: PlannerSettings) -> int:
+    """Dense queries a plan gets when the caller leaves the count to the planner."""
+    if settings.planner_mode == "llm":
+        return settings.planner_default_variations
+    return settings.planner_deterministic_variations
+
+
 def strategy_from_pb(strategy: planner_pb2.Strategy) -> Strategy | None:
     """A known wire strategy as the planners take it (None: the planner decides)."""
     return _STRATEGY_FROM_PB[strategy]
@@ -174,11 +181,12 @@ def build_spec(
 ) -> ServiceSpec:
     """``planner`` replaces the default planner; ``llm`` (tests: a fake) replaces the one the
     settings would build, and counts as configured whatever the settings say."""
-    if settings.planner_default_variations > settings.planner_max_variations:
-        raise ValueError(
-            f"planner_default_variations ({settings.planner_default_variations}) exceeds "
-            f"planner_max_variations ({settings.planner_max_variations})"
-        )
+    for name in ("planner_default_variations", "planner_deterministic_variations"):
+        if getattr(settings, name) > settings.planner_max_variations:
+            raise ValueError(
+                f"{name} ({getattr(settings, name)}) exceeds "
+                f"planner_max_variations ({settings.planner_max_variations})"
+            )
     on_stop: list[Hook] = []
     if llm is None and llm_wanted(settings):
         llm = make_llm(settings)
