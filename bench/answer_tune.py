@@ -261,7 +261,6 @@ def tune(args: argparse.Namespace) -> None:
         args.weight,
         args.unknown,
     )
-    rows = []
     for gate, cov, margin, max_cited, per_passage, sentence_margin, weight, unknown in grid:
         rules = SelectionRules(
             gate_min_score=gate,
@@ -277,15 +276,36 @@ def tune(args: argparse.Namespace) -> None:
         )
         a = evaluate(answerable, rules, args.floor, args.passages, args.max_pairs)
         u = evaluate(unanswerable, rules, args.floor, args.passages, args.max_pairs)
-        rule = (gate, cov, unknown, margin, max_cited, per_passage, sentence_margin, weight)
-        rows.append((*rule, a, u["refused"]))
-    for gate, cov, unknown, margin, max_cited, per_passage, sm, weight, a, refused in rows:
+        # Each set on its own too: a small set's refusals are lost in a pooled share.
+        each = [
+            f"{name}: answered {m['answered']:.3f} gold {m['gold_cited']:.3f} prec {m['precision']:.3f}"
+            for name, m in _per_set(args.answerable, answerable, rules, args)
+        ] + [
+            f"{name}: refused {m['refused']:.3f}"
+            for name, m in _per_set(args.unanswerable, unanswerable, rules, args)
+        ]
         print(
             f"gate {gate:5.1f} cov {cov:.2f} unk {unknown:.1f} w {weight:.1f} margin {margin:.1f} "
             f"cited<={max_cited} per {per_passage} "
-            f"sm {sm:.1f} | answered {a['answered']:.3f} gold {a['gold_cited']:.3f} "
-            f"prec {a['precision']:.3f} rat {a['rationale_recall']:.3f} | refused {refused:.3f}"
+            f"sm {sentence_margin:.1f} | answered {a['answered']:.3f} gold {a['gold_cited']:.3f} "
+            f"prec {a['precision']:.3f} rat {a['rationale_recall']:.3f} | refused {u['refused']:.3f}"
+            + "".join(f"\n    {line}" for line in each)
         )
+
+
+def _per_set(
+    names: Sequence[str],
+    sets: Sequence[list[dict[str, Any]]],
+    rules: SelectionRules,
+    args: argparse.Namespace,
+) -> list[tuple[str, dict[str, float]]]:
+    """Each named cached set evaluated alone (only when there are several)."""
+    if len(sets) < 2:
+        return []
+    return [
+        (name, evaluate([questions], rules, args.floor, args.passages, args.max_pairs))
+        for name, questions in zip(names, sets, strict=True)
+    ]
 
 
 def calibrate(args: argparse.Namespace) -> None:
