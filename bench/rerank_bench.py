@@ -13,12 +13,15 @@ throughput, int8 against fp32 score agreement, and the speed/quality trade-off o
    claims whose top-1 is the same.
 3. Trade-off (``--gateway``: a running mesh holding the dataset). The fused candidates of the test
    claims, fetched once from the gateway (rerank off), are reranked in this process under each
-   variant (tokens per pair, candidates), with the gateway's own selection and blend code:
-   nDCG@10 and the p50 time to score one claim's candidates.
-4. Default against quality (``--quality-model-dir``, default: the same model). nDCG@10 of the test
-   claims reranked by each model (the gateway's fused candidates with ``--gateway``, else each
-   claim's BM25 top 35 in this process) and the paired bootstrap of the loss. The same model on
-   both sides loses nothing by construction: nothing is scored and the loss is 0.0.
+   variant (tokens per pair, passage window, opening tokens kept, candidates), with the gateway's
+   own selection and blend code: nDCG@10 and the p50 time to score one claim's candidates.
+   ``bench/rerank_variants.py`` runs any variants on other question sets.
+4. Default against quality. The default is the model as the service serves it (the
+   ``RAGMESH_RERANKER_*`` token limit and window); the quality option is ``--quality-model-dir``
+   (default: the same model) at its full length with head windows. nDCG@10 of the test claims
+   reranked by each (the gateway's fused candidates with ``--gateway``, else each claim's BM25
+   top 35 in this process) and the paired bootstrap of the loss. The same model served the same
+   way on both sides loses nothing by construction: nothing is scored and the loss is 0.0.
 
 ``--json``: the last line of output is one JSON object (``summary``) for comparing runs across
 changes: ``p50_ms_35`` (the default model through the service, 35 candidates, concurrency 1),
@@ -55,6 +58,7 @@ from services.gateway.fusion import Fused, blend_reranked
 from services.reranker.model import CrossEncoderModel
 from services.reranker.selection import select
 from services.reranker.servicer import build_spec
+from services.reranker.window import WindowPolicy
 
 RESULTS = Path("bench/results/rerank.json")
 # Pairs per raw measurement: two model runs of 64, the service's batch size.
@@ -63,6 +67,72 @@ RAW_PAIRS = 128
 
 # The issue's reranker figure: one claim's candidates at concurrency 1.
 SUMMARY_CANDIDATES = 35
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model directory and how it is served: tokens per pair (0: its limit), passage window,
+    opening tokens an overlap window keeps."""
+
+    model_dir: Path
+    max_tokens: int = 0
+    window: WindowPolicy = "head"
+    head: int = 0
+
+    def load(self) -> CrossEncoderModel:
+        return CrossEncoderModel.load(
+            self.model_dir, max_tokens=self.max_tokens, window=self.window, window_head_tokens=self.head
+        )
+
+    def label(self) -> str:
+        return f"{self.model_dir} ({self.max_tokens or 'full'} tokens, {self.window} windows)"
+
+
+def served_spec(model_dir: Path) -> ModelSpec:
+    """The model as the reranker service serves it by default (RAGMESH_RERANKER_* settings)."""
+    settings = RerankerSettings()
+    return ModelSpec(
+        model_dir,
+        settings.reranker_max_tokens,
+        settings.reranker_passage_window,
+        settings.reranker_window_head_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One cell of a trade-off: tokens per pair, window, opening tokens kept, candidates."""
+
+    tokens: int
+    window: WindowPolicy
+    head: int
+    candidates: int
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        parts = text.split(":")
+        if (
+            len(parts) != 4
+            or parts[1] not in ("head", "overlap")
+            or not all(p.isdigit() for p in (parts[0], parts[2], parts[3]))
+        ):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected TOKENS:head|overlap:OPENING:CANDIDATES, e.g. 160:overlap:32:35"
+            )
+        window: WindowPolicy = "overlap" if parts[1] == "overlap" else "head"
+        return cls(int(parts[0]), window, int(parts[2]), int(parts[3]))
+
+    def spec(self, model_dir: Path) -> ModelSpec:
+        return ModelSpec(model_dir, self.tokens, self.window, self.head)
+
+    def __str__(self) -> str:
+        return f"{self.tokens}:{self.window}:{self.head}:{self.candidates}"
+
+
+TRADE_OFF = tuple(
+    Variant.parse(v)
+    for v in ("256:head:0:35", "192:head:0:35", "160:overlap:32:35", "128:overlap:32:35", "160:overlap:32:20")
+)
 
 
 @dataclass
@@ -258,23 +328,22 @@ def trade_off(
     candidates: dict[str, list[gateway_pb2.SearchResult]],
     queries: dict[str, str],
     qrels: metrics.Qrels,
-    variants: Sequence[tuple[int, int]],
+    variants: Sequence[Variant],
     weight: float,
 ) -> list[dict[str, Any]]:
     ndcg = metrics.STANDARD_METRICS["ndcg@10"]
     rows = []
     fused_run = {qid: [r.doc_id for r in results] for qid, results in candidates.items()}
     fused_score = metrics.mean(metrics.per_query(fused_run, qrels, ndcg).values())
-    for tokens, count in variants:
-        model = CrossEncoderModel.load(model_dir, max_tokens=tokens)
+    for variant in variants:
+        model = variant.spec(model_dir).load()
         run, times = {}, []
         for qid, results in candidates.items():
-            run[qid], ms = rerank_run(model, queries[qid], results, count, weight)
+            run[qid], ms = rerank_run(model, queries[qid], results, variant.candidates, weight)
             times.append(ms)
         score = metrics.mean(metrics.per_query(run, qrels, ndcg).values())
         row = {
-            "max_tokens": tokens,
-            "candidates": count,
+            "variant": str(variant),
             "ndcg@10": round(score, 4),
             "fused_ndcg@10": round(fused_score, 4),
             "p50_ms": round(percentile(times, 50), 1),
@@ -316,28 +385,24 @@ def ndcg_per_query(
 
 
 def quality_comparison(
-    default_dir: Path,
-    quality_dir: Path,
+    default: ModelSpec,
+    quality: ModelSpec,
     dataset: Path,
     limit: int,
     fused: dict[str, list[gateway_pb2.SearchResult]] | None,
     weight: float,
 ) -> dict[str, Any]:
-    """nDCG@10 of the default model against the quality model on the test claims."""
-    same = default_dir.resolve() == quality_dir.resolve()
-    out: dict[str, Any] = {
-        "default_dir": str(default_dir),
-        "quality_dir": str(quality_dir),
-        "same_model": same,
-    }
+    """nDCG@10 of the default model, as served, against the quality option on the test claims."""
+    same = default == quality
+    out: dict[str, Any] = {"default": default.label(), "quality": quality.label(), "same_model": same}
     if same:
         return out | {"ndcg10_loss": 0.0, "basis": "the same model on both sides: no loss by construction"}
     data = load_dataset(dataset, "test", limit or None)
     corpus = chunk_corpus(read_beir_corpus(data.corpus_path), "bench")
     work = bm25_workload(corpus, sorted(data.queries.items()), SUMMARY_CANDIDATES)
-    default = ndcg_per_query(CrossEncoderModel.load(default_dir), work, data.qrels, fused, weight)
-    quality = ndcg_per_query(CrossEncoderModel.load(quality_dir), work, data.qrels, fused, weight)
-    boot = metrics.paired_bootstrap(default, quality)
+    default_scores = ndcg_per_query(default.load(), work, data.qrels, fused, weight)
+    quality_scores = ndcg_per_query(quality.load(), work, data.qrels, fused, weight)
+    boot = metrics.paired_bootstrap(default_scores, quality_scores)
     return out | {
         "candidates": "gateway fused (blend as served)" if fused is not None else "BM25 top 35 (in process)",
         "claims": boot.queries,
@@ -359,7 +424,8 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "bench": "rerank",
         "model": report["model"]["name"],
         "max_tokens": report["model"]["max_tokens"],
-        "quality_model_dir": quality["quality_dir"],
+        "window": report["model"]["window"],
+        "quality": quality["quality"],
         "same_model": quality["same_model"],
         "p50_ms_35": c1["p50_ms"],
         "p95_ms_35": c1["p95_ms"],
@@ -386,17 +452,22 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100, help="test claims for section 3 (0: all)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
-        "--quality-model-dir", type=Path, default=None, help="the quality option (default: --model-dir)"
+        "--quality-model-dir",
+        type=Path,
+        default=None,
+        help="the quality option, served at its full length with head windows (default: --model-dir)",
     )
     parser.add_argument("--json", action="store_true", help="end with the one-line JSON summary")
     args = parser.parse_args()
 
     report: dict[str, Any] = {"model_dir": str(args.model_dir)}
-    model = CrossEncoderModel.load(args.model_dir)
+    default = served_spec(args.model_dir)
+    model = default.load()
     report["model"] = {
         "name": model.manifest.name,
         "provider": model.provider,
         "max_tokens": model.max_tokens,
+        "window": model.window,
     }
     print(f"building the workload: {args.claims} train claims x their BM25 top 60")
     work = train_workload(args.dataset, args.claims, 60, seed=7)
@@ -416,13 +487,10 @@ def main() -> None:
         print("3. trade-off on the test split")
         data = load_dataset(args.dataset, "test", args.limit or None)
         fused = asyncio.run(fused_candidates(args.gateway, args.collection, data.queries, 100))
-        variants = [(256, 35), (192, 35), (128, 35), (256, 20), (128, 20)]
-        report["trade_off"] = trade_off(args.model_dir, fused, data.queries, data.qrels, variants, weight)
-    print("4. default against the quality model")
-    quality_dir = args.quality_model_dir or args.model_dir
-    report["quality"] = quality_comparison(
-        args.model_dir, quality_dir, args.dataset, args.limit, fused, weight
-    )
+        report["trade_off"] = trade_off(args.model_dir, fused, data.queries, data.qrels, TRADE_OFF, weight)
+    print("4. default against the quality option")
+    quality = ModelSpec(args.quality_model_dir or args.model_dir)
+    report["quality"] = quality_comparison(default, quality, args.dataset, args.limit, fused, weight)
     print(f"  {report['quality']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

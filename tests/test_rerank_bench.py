@@ -3,11 +3,14 @@ comparison it reports."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from bench import rerank_bench
 from meshkit.settings import RerankerSettings
@@ -19,7 +22,12 @@ MODEL_DIR = RerankerSettings().reranker_model_dir
 def report(quality: dict[str, Any]) -> dict[str, Any]:
     return {
         "model_dir": str(MODEL_DIR),
-        "model": {"name": "ragmesh-minilm-l6-ce-v1", "provider": "CPUExecutionProvider", "max_tokens": 256},
+        "model": {
+            "name": "ragmesh-minilm-l6-ce-v1",
+            "provider": "CPUExecutionProvider",
+            "max_tokens": 160,
+            "window": "overlap",
+        },
         "raw_vs_service": {
             "raw_pairs_per_s": 24.1,
             "service": {
@@ -34,8 +42,8 @@ def report(quality: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_summary_holds_the_35_candidate_figures_and_the_loss() -> None:
     quality = {
-        "default_dir": "models/reranker/small",
-        "quality_dir": str(MODEL_DIR),
+        "default": "models/reranker/small (160 tokens, overlap windows)",
+        "quality": f"{MODEL_DIR} (full tokens, head windows)",
         "same_model": False,
         "ndcg10_loss": 0.0042,
         "ndcg10_loss_ci95": [-0.001, 0.009],
@@ -46,13 +54,15 @@ def test_the_summary_holds_the_35_candidate_figures_and_the_loss() -> None:
     assert line["pairs_per_s_c1"] == 23.0 and line["pairs_per_s_c8"] == 24.0
     assert line["raw_pairs_per_s"] == 24.1
     assert line["ndcg10_loss"] == 0.0042 and line["ndcg10_loss_ci95"] == [-0.001, 0.009]
-    assert line["model"] == "ragmesh-minilm-l6-ce-v1" and line["quality_model_dir"] == str(MODEL_DIR)
+    assert line["model"] == "ragmesh-minilm-l6-ce-v1" and line["quality"] == quality["quality"]
+    assert line["max_tokens"] == 160 and line["window"] == "overlap"
     assert not line["same_model"]
     assert json.loads(json.dumps(line)) == line
 
 
 def test_the_same_model_on_both_sides_loses_nothing_and_says_so() -> None:
-    quality = rerank_bench.quality_comparison(MODEL_DIR, MODEL_DIR, Path("no-dataset-needed"), 10, None, 1.0)
+    spec = rerank_bench.ModelSpec(MODEL_DIR)
+    quality = rerank_bench.quality_comparison(spec, spec, Path("no-dataset-needed"), 10, None, 1.0)
     assert quality["same_model"] and quality["ndcg10_loss"] == 0.0
     assert "same model" in quality["basis"]
     line = rerank_bench.summary(report(quality))
@@ -74,3 +84,28 @@ def test_reranked_documents_follow_the_models_scores_each_document_once() -> Non
     best = docs[int(np.argmax(scores))]
     assert ranked[0] == best == "vitd"
     assert sorted(ranked) == ["budget", "rain", "vitd"]
+
+
+def test_the_default_is_the_model_as_the_service_serves_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGMESH_RERANKER_MAX_TOKENS", "128")
+    monkeypatch.setenv("RAGMESH_RERANKER_PASSAGE_WINDOW", "overlap")
+    monkeypatch.setenv("RAGMESH_RERANKER_WINDOW_HEAD_TOKENS", "16")
+    served = rerank_bench.served_spec(MODEL_DIR)
+    assert served == rerank_bench.ModelSpec(MODEL_DIR, 128, "overlap", 16)
+    # Served shorter than the quality option: not the same model, so the loss must be measured.
+    assert served != rerank_bench.ModelSpec(MODEL_DIR)
+    model = served.load()
+    assert (model.max_tokens, model.window, model.window_head_tokens) == (128, "overlap", 16)
+
+
+@pytest.mark.parametrize("text", ["160:overlap:32", "160:middle:32:35", "x:head:0:35", "160:head:-1:35"])
+def test_a_malformed_variant_is_refused_with_the_expected_form(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape("TOKENS:head|overlap:OPENING:CANDIDATES")):
+        rerank_bench.Variant.parse(text)
+
+
+def test_a_variant_reads_back_as_written() -> None:
+    variant = rerank_bench.Variant.parse("160:overlap:32:35")
+    assert (variant.tokens, variant.window, variant.head, variant.candidates) == (160, "overlap", 32, 35)
+    assert str(variant) == "160:overlap:32:35"
+    assert variant.spec(MODEL_DIR) == rerank_bench.ModelSpec(MODEL_DIR, 160, "overlap", 32)

@@ -538,7 +538,19 @@ class RerankerSettings(MeshSettings):
     )
     reranker_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0: its default).")
     reranker_max_tokens: int = Field(
-        0, ge=0, description="Tokens per pair (0: the model's limit; less is faster and may cost quality)."
+        160,
+        ge=0,
+        description="Tokens per pair (0: the model's limit, 256 for the bundled one). 160, the length the "
+        "bundled model was trained at, with overlap windows matched 256 on held-out claims at 0.6x the "
+        "time (docs/BENCHMARKS.md); the model's limit with head windows is the quality setting.",
+    )
+    reranker_passage_window: Literal["head", "overlap"] = Field(
+        "overlap",
+        description="What a passage longer than its room keeps: its head, or its opening plus the span "
+        "holding most of the query's words (overlap).",
+    )
+    reranker_window_head_tokens: int = Field(
+        32, ge=0, description="Opening tokens an overlap window always keeps (a title, a first line)."
     )
     reranker_max_batch: int = Field(64, ge=1, description="Pairs per model run.")
     reranker_batch_window_ms: float = Field(3.0, ge=0, description="How long a batch waits for more callers.")

@@ -28,6 +28,7 @@ from tokenizers import Encoding, Tokenizer
 
 from meshkit.ids import sha256_file
 from meshkit.onnxrt import CUDA_PROVIDER, ProviderUnavailable, choose_providers
+from services.reranker.window import WindowPolicy, best_start, content_ids, word_start
 
 log = logging.getLogger("ragmesh.reranker.model")
 
@@ -121,8 +122,12 @@ class CrossEncoderModel:
         *,
         max_tokens: int,
         max_batch: int,
+        window: WindowPolicy = "head",
+        window_head_tokens: int = 0,
     ) -> None:
         self.manifest = manifest
+        self.window = window
+        self.window_head_tokens = window_head_tokens
         self.session = session
         self.tokenizer = tokenizer
         self.head = head_of(session, manifest.head)
@@ -153,15 +158,26 @@ class CrossEncoderModel:
         max_tokens: int = 0,
         max_batch: int = 64,
         threads: int = 0,
+        window: WindowPolicy = "head",
+        window_head_tokens: int = 0,
     ) -> CrossEncoderModel:
-        """``max_tokens`` 0 keeps the manifest's limit; a smaller one trades quality for speed."""
+        """``max_tokens`` 0 keeps the manifest's limit; a smaller one trades quality for speed.
+        ``window`` picks what a long passage keeps (see ``services.reranker.window``)."""
         started = time.perf_counter()
         manifest = Manifest.read(model_dir)
         verify_files(model_dir, manifest)
         limit = min(max_tokens, manifest.max_tokens) if max_tokens > 0 else manifest.max_tokens
         tokenizer = _load_tokenizer(model_dir / TOKENIZER_FILE)
         session = _load_session(model_dir / MODEL_FILE, provider, threads)
-        model = cls(manifest, session, tokenizer, max_tokens=limit, max_batch=max_batch)
+        model = cls(
+            manifest,
+            session,
+            tokenizer,
+            max_tokens=limit,
+            max_batch=max_batch,
+            window=window,
+            window_head_tokens=window_head_tokens,
+        )
         if provider == "cuda" and model.provider != CUDA_PROVIDER:
             raise ModelLoadError(f"CUDA was requested but ONNX Runtime fell back to {model.provider}")
         log.info(
@@ -171,6 +187,7 @@ class CrossEncoderModel:
                 "head": model.head,
                 "provider": model.provider,
                 "max_tokens": limit,
+                "window": window,
                 "ms": round((time.perf_counter() - started) * 1000, 1),
             },
         )
@@ -201,19 +218,52 @@ class CrossEncoderModel:
         self, queries: Sequence[str], passages: Sequence[str]
     ) -> tuple[list[Encoding], np.ndarray]:
         """Token pairs within the model's limit. The query is kept whole up to its own cap (a
-        pathological query must not push the passage out); the passage takes the rest."""
+        pathological query must not push the passage out); the passage takes the rest: its head,
+        or with ``overlap`` windows its opening and the span that matches the query best."""
         query_tokens = self.tokenizer.encode_batch(list(queries), add_special_tokens=False)
         passage_tokens = self.tokenizer.encode_batch(list(passages), add_special_tokens=False)
-        encodings = []
+        rooms = []
         truncated = np.zeros(len(queries), dtype=bool)
         for i, (q, p) in enumerate(zip(query_tokens, passage_tokens, strict=True)):
             q.truncate(self.max_query_tokens)
-            room = self.max_tokens - self._special - len(q.ids)
-            if len(p.ids) > room:
-                p.truncate(room)
-                truncated[i] = True
+            rooms.append(self.max_tokens - self._special - len(q.ids))
+            truncated[i] = len(p.ids) > rooms[-1]
+        if self.window == "overlap":
+            passage_tokens = self._windows(query_tokens, passage_tokens, passages, rooms, truncated)
+        encodings = []
+        for q, p, room in zip(query_tokens, passage_tokens, rooms, strict=True):
+            p.truncate(room)
             encodings.append(self.tokenizer.post_process(q, p, add_special_tokens=True))
         return encodings, truncated
+
+    def _windows(
+        self,
+        query_tokens: Sequence[Encoding],
+        passage_tokens: Sequence[Encoding],
+        passages: Sequence[str],
+        rooms: Sequence[int],
+        truncated: np.ndarray,
+    ) -> list[Encoding]:
+        """Each cut passage rebuilt as its opening plus its best-matching span (the text between
+        them left out), tokenised again so the tokenizer's own rules hold at the seam."""
+        out, spliced, texts = list(passage_tokens), [], []
+        for i in np.flatnonzero(truncated).tolist():
+            p, room = passage_tokens[i], rooms[i]
+            head = min(self.window_head_tokens, room // 2)
+            wanted = content_ids(self.tokenizer, query_tokens[i].ids)
+            start = best_start(p.ids, wanted, room - head, after=head)
+            start = word_start(self.tokenizer, p.ids, start, floor=head)
+            if start == head:
+                continue  # the best span follows the opening: the head is the window
+            end = min(start + room - head, len(p.ids)) - 1
+            opening = passages[i][: p.offsets[head - 1][1]] if head else ""
+            texts.append(f"{opening} {passages[i][p.offsets[start][0] : p.offsets[end][1]]}".strip())
+            spliced.append(i)
+        for i, encoding in zip(
+            spliced, self.tokenizer.encode_batch(texts, add_special_tokens=False), strict=True
+        ):
+            out[i] = encoding
+        return out
 
     def _run(self, encodings: Sequence[Encoding]) -> np.ndarray:
         length = max(len(e.ids) for e in encodings)

@@ -1,0 +1,164 @@
+"""Reranker settings side by side: nDCG@10 and time per query for each (tokens per pair, passage
+window, opening tokens kept, candidates), on the gateway's own fused candidates, with the
+gateway's selection and blend code (``bench.rerank_bench.rerank_run``), against the first
+variant given (the reference) with a paired bootstrap.
+
+    .venv/bin/python -m bench.rerank_variants --gateway 127.0.0.1:PORT --set scifact:val \\
+        --variant 256:head:0:35 --variant 160:overlap:32:35
+
+Sets:
+- ``scifact:val``: the 121 SciFact train claims the bundled model's build held out (its seed and
+  share), the set to choose a setting on;
+- ``scifact:test``: the 300 test claims, to report;
+- ``qa:PATH:SPLIT``: a question set of ``bench.qa`` (answerable questions; the gold page is the
+  relevant document), e.g. ``qa:bench/qa/grpc_docs.jsonl:test``, another domain's documents.
+The mesh must hold the set's corpus (``--collection``). Candidates are fetched once per set
+(rerank off, one result per document) and cached under ``--cache``; every variant then scores
+them in this process, one query at a time as a search would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import qa
+from bench.rerank_bench import Variant, fused_candidates, percentile, rerank_run
+from meshkit.settings import GatewaySettings, RerankerSettings
+from ragmesh.gateway.v1 import gateway_pb2
+from ragmesh_cli import metrics
+from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.rerankerbuild.build import VALIDATION_SHARE
+from ragmesh_cli.rerankerbuild.mining import split_claims
+
+DEPTH = 100
+SEED = 13  # the bundled model's build seed: its held-out claims
+
+
+@dataclass
+class QuerySet:
+    name: str
+    queries: dict[str, str]
+    qrels: metrics.Qrels
+
+
+def load_set(spec: str, dataset: Path) -> QuerySet:
+    kind, _, rest = spec.partition(":")
+    if kind == "scifact" and rest == "val":
+        data = load_dataset(dataset, "train")
+        _, held_out = split_claims(data.queries, data.qrels, VALIDATION_SHARE, SEED)
+        queries = {qid: text for qid, text, _ in held_out}
+        return QuerySet(spec, queries, {q: data.qrels[q] for q in queries})
+    if kind == "scifact" and rest == "test":
+        data = load_dataset(dataset, "test")
+        return QuerySet(spec, dict(data.queries), dict(data.qrels))
+    if kind == "qa":
+        path, _, split = rest.rpartition(":")
+        items = [i for i in qa.read(Path(path)) if i.answerable and i.split == split]
+        return QuerySet(
+            spec,
+            {i.id: i.question for i in items},
+            {i.id: dict.fromkeys(i.gold_doc_ids, 1) for i in items},
+        )
+    raise argparse.ArgumentTypeError(f"unknown set {spec!r}: scifact:val, scifact:test or qa:PATH:SPLIT")
+
+
+async def cached_candidates(
+    address: str, collection: str, group: QuerySet, cache: Path
+) -> dict[str, list[gateway_pb2.SearchResult]]:
+    key = hashlib.sha256(json.dumps([collection, group.name, sorted(group.queries)]).encode()).hexdigest()
+    path = cache / f"candidates-{key[:16]}.json"
+    if path.is_file():
+        raw = json.loads(path.read_text())
+        parse = gateway_pb2.SearchResult.FromString
+        return {q: [parse(bytes.fromhex(r)) for r in rs] for q, rs in raw.items()}
+    print(f"fetching fused candidates for {len(group.queries)} queries of {group.name}", flush=True)
+    found = await fused_candidates(address, collection, group.queries, DEPTH)
+    save(path, {q: [r.SerializeToString().hex() for r in rs] for q, rs in found.items()})
+    return found
+
+
+def save(path: Path, payload: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+
+
+def score_variant(
+    model_dir: Path,
+    variant: Variant,
+    group: QuerySet,
+    candidates: dict[str, list[gateway_pb2.SearchResult]],
+    weight: float,
+) -> tuple[dict[str, float], list[float]]:
+    model = variant.spec(model_dir).load()
+    run, times = {}, []
+    for done, (qid, results) in enumerate(candidates.items(), start=1):
+        run[qid], ms = rerank_run(model, group.queries[qid], results, variant.candidates, weight)
+        times.append(ms)
+        if done % 50 == 0:
+            print(f"  {variant}: {done}/{len(candidates)} queries", flush=True)
+    return metrics.per_query(run, group.qrels, metrics.STANDARD_METRICS["ndcg@10"]), times
+
+
+def compare(reference: dict[str, float], other: dict[str, float]) -> dict[str, Any]:
+    boot = metrics.paired_bootstrap(reference, other)
+    return {"diff": round(boot.mean_diff, 4), "ci95": [round(boot.ci_low, 4), round(boot.ci_high, 4)]}
+
+
+def evaluate_set(
+    args: argparse.Namespace, group: QuerySet, candidates: dict[str, list[gateway_pb2.SearchResult]]
+) -> list[dict[str, Any]]:
+    ndcg = metrics.STANDARD_METRICS["ndcg@10"]
+    fused = metrics.per_query({q: [r.doc_id for r in rs] for q, rs in candidates.items()}, group.qrels, ndcg)
+    rows: list[dict[str, Any]] = [{"variant": "fused", "ndcg@10": round(metrics.mean(fused.values()), 4)}]
+    reference: dict[str, float] | None = None
+    for variant in args.variant:
+        scores, times = score_variant(args.model_dir, variant, group, candidates, args.weight)
+        reference = reference or scores
+        row = {
+            "variant": str(variant),
+            "ndcg@10": round(metrics.mean(scores.values()), 4),
+            "vs_reference": compare(reference, scores),
+            "vs_fused": compare(fused, scores),
+            "p50_ms": round(percentile(times, 50), 1),
+            "p95_ms": round(percentile(times, 95), 1),
+        }
+        print(f"{group.name} {json.dumps(row)}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--gateway", required=True, help="gateway of a mesh holding the sets' corpora")
+    parser.add_argument("--collection", default="scifact")
+    parser.add_argument("--set", dest="sets", action="append", required=True, help="repeatable; see above")
+    parser.add_argument(
+        "--variant", type=Variant.parse, action="append", required=True, help="the first: the reference"
+    )
+    parser.add_argument("--dataset", type=Path, default=Path("../shared/bench/scifact"))
+    parser.add_argument("--model-dir", type=Path, default=RerankerSettings().reranker_model_dir)
+    parser.add_argument("--weight", type=float, default=GatewaySettings().gateway_rerank_fused_weight)
+    parser.add_argument("--cache", type=Path, default=Path(".cache/rerank-variants"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/rerank-variants.json"))
+    args = parser.parse_args(argv)
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "model_dir": str(args.model_dir), "sets": {}}
+    for spec in args.sets:
+        group = load_set(spec, args.dataset)
+        candidates = asyncio.run(cached_candidates(args.gateway, args.collection, group, args.cache))
+        report["sets"][spec] = evaluate_set(args, group, candidates)
+    save(args.out, report)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
