@@ -232,6 +232,7 @@ class Fanout:
         deadline: float,
         degradations: Degradations,
         combine_mode: str = "rrf",
+        texts_wanted: int = 0,
     ) -> None:
         self.backends = backends
         self.params = params
@@ -254,6 +255,9 @@ class Fanout:
         self.answered = 0
         self.missing = 0
         self.unknown_terms: list[str] = []
+        # The legs' first hits come with their text: hydration then only asks for the rest.
+        self.texts_wanted = texts_wanted
+        self.texts: dict[str, sparse_pb2.ChunkText] = {}
         # The question the early calls searched; "" when nothing started early.
         self.early_query = ""
 
@@ -325,6 +329,7 @@ class Fanout:
         self.dense_hits.clear()
         self.dense_texts.clear()
         self.attempted.clear()
+        self.texts.clear()
         self.unknown_terms = []
         self.answered = self.missing = 0
 
@@ -435,6 +440,7 @@ class Fanout:
                     top_k=self.pool,
                     doc_ids=params.doc_ids,
                     filter=params.filter_pb(),
+                    with_payloads=self.texts_wanted,
                 ),
                 timeout=self._left(),
                 idempotent=True,
@@ -446,7 +452,12 @@ class Fanout:
         if errors:
             # As in Degradations.add: a call that reached the shard says more than the breaker.
             raise min(errors, key=lambda e: isinstance(e, DownstreamError) and e.reason == "breaker_open")
-        return [_hits(reply.hits) for reply in replies if not isinstance(reply, BaseException)]
+        answered = [reply for reply in replies if not isinstance(reply, BaseException)]
+        for reply in answered:
+            for stored in reply.chunks:
+                # Sparse's text wins where both stores gave one (it is what GetChunks serves).
+                self.texts.setdefault(stored.chunk_id, _chunk_text(stored))
+        return [_hits(reply.hits) for reply in answered]
 
     async def _bm25(self) -> list[Hit]:
         sparse, params = self.backends.sparse, self.params
@@ -456,9 +467,11 @@ class Fanout:
             top_k=self.pool,
             doc_ids=params.doc_ids,
             filter=params.filter_pb(),
+            with_text=self.texts_wanted,
         )
         reply = await sparse.call(sparse.stub.SearchBm25, request, timeout=self._left(), idempotent=True)
         self.unknown_terms = list(reply.unknown_terms)
+        self.texts.update((chunk.chunk_id, chunk) for chunk in reply.chunks)
         return _hits(reply.hits)
 
     async def _exact(self) -> list[Hit]:
@@ -581,6 +594,7 @@ class Searcher:
             deadline,
             degradations,
             self.settings.gateway_dense_combine,
+            self._texts_wanted(params, reranking),
         )
         try:
             plan = await self._planned(params, fanout, deadline, degradations)
@@ -615,7 +629,7 @@ class Searcher:
         timings["fuse"] = _ms(time.perf_counter() - fuse_started)
 
         hydrate_started = time.perf_counter()
-        top, chunks = await self._hydrate(params, top, degradations)
+        top, chunks = await self._hydrate(params, top, degradations, fanout.texts)
         timings["hydrate"] = _ms(time.perf_counter() - hydrate_started)
         reranked = False
         if to_rerank and top:
@@ -776,30 +790,45 @@ class Searcher:
             return params.query
         return searched
 
+    def _texts_wanted(self, params: SearchParams, reranking: bool) -> int:
+        """How many of each leg's first hits should come with their text: what a precise plan
+        shows and reranks (an exhaustive plan's further candidates are hydrated)."""
+        if not reranking:
+            return params.top_k
+        precise = planner_pb2.STRATEGY_PRECISE
+        return max(params.top_k, candidate_count(self.settings, params.rerank_candidates, precise))
+
     async def _hydrate(
-        self, params: SearchParams, top: list[Fused], degradations: Degradations
+        self,
+        params: SearchParams,
+        top: list[Fused],
+        degradations: Degradations,
+        known: dict[str, sparse_pb2.ChunkText],
     ) -> tuple[list[Fused], dict[str, sparse_pb2.ChunkText]]:
-        """Text, title, location, source and metadata of the results: one GetChunks call to
-        sparse, or, when it fails or is late, one per index shard from their stored payload.
-        Without either the results go out bare; chunks deleted since the legs saw them (or
-        without a stored payload) are dropped."""
-        if not top:
-            return top, {}
+        """Text, title, location, source and metadata of the results: those the legs sent with
+        their hits (``known``), the rest from one GetChunks call to sparse, or, when it fails or
+        is late, one per index shard from their stored payload. Without either the results all
+        go out bare (a partly hydrated list would be reranked and shown inconsistently); chunks
+        deleted since the legs saw them (or without a stored payload) are dropped."""
+        chunks = {f.chunk_id: known[f.chunk_id] for f in top if f.chunk_id in known}
+        missing = [f.chunk_id for f in top if f.chunk_id not in chunks]
+        if not missing:
+            return top, chunks
         sparse = self.backends.sparse
-        ids = [f.chunk_id for f in top]
-        request = sparse_pb2.GetChunksRequest(collection=params.collection, chunk_ids=ids)
+        request = sparse_pb2.GetChunksRequest(collection=params.collection, chunk_ids=missing)
         end = self._reply_deadline()
         timeout = self.settings.gateway_hydrate_sparse_share * (end - time.monotonic())
         try:
             reply = await sparse.call(sparse.stub.GetChunks, request, timeout=timeout, idempotent=True)
         except DownstreamError as exc:
             degradations.add_error(SPARSE, exc, what="passage text")
-            chunks = await self._index_payloads(params.collection, ids, end, degradations)
-            if chunks is None:
+            fetched = await self._index_payloads(params.collection, missing, end, degradations)
+            if fetched is None:
                 return top, {}
             degradations.note_fallback(SPARSE, sparse.target, INDEX_PAYLOAD, "passage text from the index")
         else:
-            chunks = {c.chunk_id: c for c in reply.chunks}
+            fetched = {c.chunk_id: c for c in reply.chunks}
+        chunks.update(fetched)
         return [f for f in top if f.chunk_id in chunks], chunks
 
     async def _index_payloads(

@@ -200,9 +200,12 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
         doc_ids = [self._doc_id(d, f"doc_ids[{i}]") for i, d in enumerate(request.doc_ids)]
         clauses = _clauses(request.filter)
         hits = await self.shard.search(collection, query, request.top_k, doc_ids, clauses)
+        wanted = [h.chunk_id for h in hits[: request.with_payloads]]
+        stored = await self.shard.get_chunks(collection, wanted) if wanted else []
         return index_pb2.SearchResponse(
             hits=[index_pb2.SearchHit(chunk_id=h.chunk_id, doc_id=h.doc_id, score=h.score) for h in hits],
             shard=self.shard.shard,
+            chunks=[_stored_pb(c) for c in stored if c.payload.text],
         )
 
     async def GetChunks(

@@ -104,9 +104,15 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         allowed = await self._filtered(collection, request.filter, doc_ids)
         if allowed is None:
             return sparse_pb2.SearchBm25Response()
-        hits, unknown = await asyncio.to_thread(_bm25_and_unknown_words, collection, query, top_k, allowed)
+        hits, unknown, records = await asyncio.to_thread(
+            _bm25_and_unknown_words, collection, query, top_k, allowed, request.with_text
+        )
         self._observe("bm25", started, hits)
-        return sparse_pb2.SearchBm25Response(hits=[_hit_pb(h) for h in hits], unknown_terms=unknown)
+        return sparse_pb2.SearchBm25Response(
+            hits=[_hit_pb(h) for h in hits],
+            unknown_terms=unknown,
+            chunks=[_chunk_pb(r, collection.state.source(r.doc_id)) for r in records],
+        )
 
     async def SearchExact(
         self, request: sparse_pb2.SearchExactRequest, context: aio.ServicerContext
@@ -330,9 +336,13 @@ def exact_phrase(
 
 
 def _bm25_and_unknown_words(
-    collection: Collection, query: str, top_k: int, allowed: Sequence[str]
-) -> tuple[list[Hit], list[str]]:
-    return collection.search_bm25(query, top_k, allowed), collection.unknown_words(query, MAX_UNKNOWN_TERMS)
+    collection: Collection, query: str, top_k: int, allowed: Sequence[str], with_text: int
+) -> tuple[list[Hit], list[str], list[ChunkRecord]]:
+    """One thread hop for the whole leg: hits, the words the collection lacks, and the text of
+    the first ``with_text`` hits."""
+    hits = collection.search_bm25(query, top_k, allowed)
+    records = collection.get_chunks([h.chunk_id for h in hits[:with_text]]) if with_text else []
+    return hits, collection.unknown_words(query, MAX_UNKNOWN_TERMS), records
 
 
 def _hit_pb(hit: Hit) -> sparse_pb2.SearchHit:

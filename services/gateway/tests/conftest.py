@@ -77,6 +77,9 @@ class Fakes:
     default_sentence_score: float = 2.0
     # The fake BM25 leg's words of the query that no chunk holds.
     unknown_terms: list[str] = field(default_factory=list)
+    # On: the fake legs honour with_text / with_payloads as the real ones do. Off (most tests,
+    # which exercise hydration): they send no text, as an older sparse or index would.
+    leg_texts: bool = False
 
     async def act(self, key: str, request: Any, context: aio.ServicerContext) -> None:
         self.calls[key] += 1
@@ -155,26 +158,28 @@ class FakeIndex(index_pb2_grpc.IndexServiceServicer):
         hits = [
             index_pb2.SearchHit(chunk_id=CHUNK_ID[n], doc_id=DOC_OF[n], score=DENSE_SCORES[n]) for n in names
         ]
-        return index_pb2.SearchResponse(hits=hits, shard=self.shard)
+        # As the real shard: the first with_payloads hits come with their payload.
+        with_payloads = request.with_payloads if self.fakes.leg_texts else 0
+        chunks = [self._stored(CHUNK_ID[n]) for n in names[:with_payloads]]
+        return index_pb2.SearchResponse(hits=hits, shard=self.shard, chunks=chunks)
 
     async def GetChunks(self, request: Any, context: aio.ServicerContext) -> index_pb2.GetChunksResponse:
         await self.fakes.act("index-chunks", request, context)
-        chunks = [
-            index_pb2.StoredChunk(
-                chunk_id=cid,
-                doc_id=DOC_OF[NAME_OF[cid]],
-                text=f"payload of {NAME_OF[cid]}",
-                location=common_pb2.ChunkLocation(heading_path=["H"], ordinal=1),
-                source=common_pb2.DocumentSource(
-                    title=f"Title of {NAME_OF[cid]}",
-                    source_uri=f"file:///{DOC_OF[NAME_OF[cid]]}",
-                    metadata={"shard": str(self.shard)},
-                ),
-            )
-            for cid in request.chunk_ids
-            if cid in NAME_OF
-        ]
+        chunks = [self._stored(c) for c in request.chunk_ids if c in NAME_OF]
         return index_pb2.GetChunksResponse(chunks=chunks)
+
+    def _stored(self, cid: str) -> index_pb2.StoredChunk:
+        return index_pb2.StoredChunk(
+            chunk_id=cid,
+            doc_id=DOC_OF[NAME_OF[cid]],
+            text=f"payload of {NAME_OF[cid]}",
+            location=common_pb2.ChunkLocation(heading_path=["H"], ordinal=1),
+            source=common_pb2.DocumentSource(
+                title=f"Title of {NAME_OF[cid]}",
+                source_uri=f"file:///{DOC_OF[NAME_OF[cid]]}",
+                metadata={"shard": str(self.shard)},
+            ),
+        )
 
 
 class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
@@ -183,8 +188,12 @@ class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
 
     async def SearchBm25(self, request: Any, context: aio.ServicerContext) -> sparse_pb2.SearchBm25Response:
         await self.fakes.act("bm25", request, context)
+        hits = sparse_hits(BM25_RANKING)
+        with_text = request.with_text if self.fakes.leg_texts else 0
         return sparse_pb2.SearchBm25Response(
-            hits=sparse_hits(BM25_RANKING), unknown_terms=self.fakes.unknown_terms
+            hits=hits,
+            unknown_terms=self.fakes.unknown_terms,
+            chunks=[self._text(h.chunk_id) for h in hits[:with_text]],
         )
 
     async def SearchExact(self, request: Any, context: aio.ServicerContext) -> sparse_pb2.SearchExactResponse:
@@ -193,18 +202,16 @@ class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
 
     async def GetChunks(self, request: Any, context: aio.ServicerContext) -> sparse_pb2.GetChunksResponse:
         await self.fakes.act("chunks", request, context)
-        chunks = [
-            sparse_pb2.ChunkText(
-                chunk_id=cid,
-                doc_id=DOC_OF[NAME_OF[cid]],
-                title=f"Title of {NAME_OF[cid]}",
-                text=self.fakes.chunk_texts.get(NAME_OF[cid], f"text of {NAME_OF[cid]}"),
-                location=common_pb2.ChunkLocation(heading_path=["H"], ordinal=1),
-            )
-            for cid in request.chunk_ids
-            if cid in NAME_OF
-        ]
-        return sparse_pb2.GetChunksResponse(chunks=chunks)
+        return sparse_pb2.GetChunksResponse(chunks=[self._text(c) for c in request.chunk_ids if c in NAME_OF])
+
+    def _text(self, cid: str) -> sparse_pb2.ChunkText:
+        return sparse_pb2.ChunkText(
+            chunk_id=cid,
+            doc_id=DOC_OF[NAME_OF[cid]],
+            title=f"Title of {NAME_OF[cid]}",
+            text=self.fakes.chunk_texts.get(NAME_OF[cid], f"text of {NAME_OF[cid]}"),
+            location=common_pb2.ChunkLocation(heading_path=["H"], ordinal=1),
+        )
 
 
 class FakeReranker(reranker_pb2_grpc.RerankerServiceServicer):

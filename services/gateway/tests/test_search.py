@@ -179,6 +179,31 @@ async def test_hydration_failure_returns_bare_results(gateway: Gateway) -> None:
     assert response.degradations[0].fallback == pb.FALLBACK_UNSPECIFIED
 
 
+async def test_legs_send_their_first_hits_text_and_nothing_is_hydrated_after(gateway: Gateway) -> None:
+    gateway.fakes.leg_texts = True
+    response = await search(gateway, top_k=4, rerank=True, rerank_candidates=5)
+    fakes = gateway.fakes
+    # Each leg was asked for the text of as many hits as are shown or reranked.
+    assert fakes.requests["bm25"][0].with_text == 5
+    assert {r.with_payloads for key in ("index-0", "index-1") for r in fakes.requests[key]} == {5}
+    assert fakes.calls["chunks"] == fakes.calls["index-chunks"] == 0
+    texts = {NAME_OF[r.chunk_id]: r.text for r in response.results}
+    # Sparse's text where BM25 found the chunk; the index payload for dense-only chunks.
+    assert texts["c0"] == "text of c0" and texts["c1"] == "payload of c1"
+    # The reranker read those texts: it was sent every candidate.
+    assert len(fakes.requests["reranker"][0].passages) == 5
+
+
+async def test_only_results_the_legs_sent_no_text_for_are_hydrated(gateway: Gateway) -> None:
+    gateway.fakes.leg_texts = True
+    # BM25 off, exact first: c4 comes from the exact leg, which sends no text.
+    response = await search(gateway, top_k=3, rerank=False, weights=pb.LegWeights(bm25=0, exact=10))
+    assert names(response) == ["c4", "c0", "c1"]
+    assert [list(r.chunk_ids) for r in gateway.fakes.requests["chunks"]] == [[CHUNK_ID["c4"]]]
+    assert [r.text for r in response.results] == ["text of c4", "payload of c0", "payload of c1"]
+    assert not response.degradations
+
+
 async def test_unknown_collection_is_not_found(gateway: Gateway) -> None:
     for key in ("index-0", "index-1", "bm25", "exact"):
         gateway.fakes.behaviour[key] = "missing"

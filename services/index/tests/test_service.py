@@ -120,6 +120,29 @@ async def test_upsert_search_replace_delete_stats_over_grpc(served: Served) -> N
     assert stats.pending_wal_records == 0
 
 
+async def test_search_sends_the_payload_of_its_first_hits_when_asked(served: Served) -> None:
+    stub = served.stub
+    vectors = random_vectors(4)
+    ids = [cid("a", i) for i in range(4)]
+    chunks = [chunk("a", ids[i], vectors[i]) for i in range(4)]
+    for i, item in enumerate(chunks[:3]):
+        item.text = f"text {i}"
+    # The fourth was written without a payload: it has no text to send.
+    await stub.Upsert(index_pb2.UpsertRequest(collection="docs", chunks=chunks))
+    plain = await stub.Search(index_pb2.SearchRequest(collection="docs", vector=vec(vectors[0]), top_k=4))
+    assert not plain.chunks
+    asked = await stub.Search(
+        index_pb2.SearchRequest(collection="docs", vector=vec(vectors[0]), top_k=4, with_payloads=2)
+    )
+    first_two = [h.chunk_id for h in asked.hits[:2]]
+    assert [c.chunk_id for c in asked.chunks] == first_two
+    assert [c.text for c in asked.chunks] == [f"text {ids.index(i)}" for i in first_two]
+    everything = await stub.Search(
+        index_pb2.SearchRequest(collection="docs", vector=vec(vectors[0]), top_k=4, with_payloads=100)
+    )
+    assert {c.chunk_id for c in everything.chunks} == set(ids[:3])
+
+
 async def test_validation_errors(served: Served) -> None:
     stub = served.stub
     good = random_vectors(1)[0]

@@ -98,7 +98,13 @@ async def test_end_to_end(tmp_path: Path, mode: str) -> None:
 
         bm25 = await stub.SearchBm25(pb.SearchBm25Request(collection="docs", query="rotating logs", top_k=5))
         assert {h.chunk_id for h in bm25.hits} == {disk.chunk_id, other.chunk_id}
-        assert list(bm25.unknown_terms) == []
+        assert list(bm25.unknown_terms) == [] and not bm25.chunks
+        with_text = await stub.SearchBm25(
+            pb.SearchBm25Request(collection="docs", query="rotating logs", top_k=5, with_text=1)
+        )
+        # The first hit's text, as GetChunks gives it.
+        first = with_text.hits[0].chunk_id
+        assert list(with_text.chunks) == [{disk.chunk_id: disk, other.chunk_id: other}[first]]
         unknown = await stub.SearchBm25(
             pb.SearchBm25Request(collection="docs", query="rotating kafka logs on kubernetes", top_k=5)
         )

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ragmesh.common.v1 import common_pb2 as ragmesh_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cragmesh/index/v1/index.proto\x12\x10ragmesh.index.v1\x1a\x1eragmesh/common/v1/common.proto\"\x96\x01\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12)\n\x06vector\x18\x03 \x01(\x0b\x32\x19.ragmesh.common.v1.Vector\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x32\n\x08location\x18\x05 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\"L\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\'\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x17.ragmesh.index.v1.Chunk\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\"\xa9\x01\n\x13\x44ocumentReplacement\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12(\n\x07upserts\x18\x02 \x03(\x0b\x32\x17.ragmesh.index.v1.Chunk\x12\x16\n\x0ekeep_chunk_ids\x18\x03 \x03(\t\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x04\x12\x31\n\x06source\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.DocumentSource\"g\n\x17ReplaceDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x38\n\tdocuments\x18\x02 \x03(\x0b\x32%.ragmesh.index.v1.DocumentReplacement\"o\n\x18ReplaceDocumentsResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\x12\x0f\n\x07removed\x18\x02 \x01(\r\x12\x19\n\x11missing_chunk_ids\x18\x03 \x03(\t\x12\x15\n\rstale_doc_ids\x18\x04 \x03(\t\"G\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\x12\x0f\n\x07\x64oc_ids\x18\x03 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"\xa1\x01\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12)\n\x06vector\x18\x02 \x01(\x0b\x32\x19.ragmesh.common.v1.Vector\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\x12\x31\n\x06\x66ilter\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.MetadataFilter\"<\n\tSearchHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\"J\n\x0eSearchResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.ragmesh.index.v1.SearchHit\x12\r\n\x05shard\x18\x02 \x01(\r\"9\n\x10GetChunksRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\"\xa4\x01\n\x0bStoredChunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x32\n\x08location\x18\x04 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\x12\x31\n\x06source\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.DocumentSource\"B\n\x11GetChunksResponse\x12-\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1d.ragmesh.index.v1.StoredChunk\"%\n\x0fGetStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"\xc7\x01\n\x10GetStatsResponse\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x04\x12\x11\n\tdocuments\x18\x03 \x01(\x04\x12\x12\n\nindex_type\x18\x04 \x01(\t\x12\x11\n\tdimension\x18\x05 \x01(\r\x12\r\n\x05shard\x18\x06 \x01(\r\x12\x13\n\x0bshard_count\x18\x07 \x01(\r\x12\x1b\n\x13pending_wal_records\x18\x08 \x01(\x04\x12\x14\n\x0clog_position\x18\t \x01(\x04\"%\n\x0fSnapshotRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"6\n\x10SnapshotResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x10\n\x08uploaded\x18\x02 \x01(\x08\"Q\n\x14ListDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"A\n\rDocumentEntry\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x11\n\tchunk_ids\x18\x03 \x03(\t\"d\n\x15ListDocumentsResponse\x12\x32\n\tdocuments\x18\x01 \x03(\x0b\x32\x1f.ragmesh.index.v1.DocumentEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xbe\x05\n\x0cIndexService\x12K\n\x06Upsert\x12\x1f.ragmesh.index.v1.UpsertRequest\x1a .ragmesh.index.v1.UpsertResponse\x12i\n\x10ReplaceDocuments\x12).ragmesh.index.v1.ReplaceDocumentsRequest\x1a*.ragmesh.index.v1.ReplaceDocumentsResponse\x12K\n\x06\x44\x65lete\x12\x1f.ragmesh.index.v1.DeleteRequest\x1a .ragmesh.index.v1.DeleteResponse\x12K\n\x06Search\x12\x1f.ragmesh.index.v1.SearchRequest\x1a .ragmesh.index.v1.SearchResponse\x12Q\n\x08GetStats\x12!.ragmesh.index.v1.GetStatsRequest\x1a\".ragmesh.index.v1.GetStatsResponse\x12T\n\tGetChunks\x12\".ragmesh.index.v1.GetChunksRequest\x1a#.ragmesh.index.v1.GetChunksResponse\x12Q\n\x08Snapshot\x12!.ragmesh.index.v1.SnapshotRequest\x1a\".ragmesh.index.v1.SnapshotResponse\x12`\n\rListDocuments\x12&.ragmesh.index.v1.ListDocumentsRequest\x1a\'.ragmesh.index.v1.ListDocumentsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cragmesh/index/v1/index.proto\x12\x10ragmesh.index.v1\x1a\x1eragmesh/common/v1/common.proto\"\x96\x01\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12)\n\x06vector\x18\x03 \x01(\x0b\x32\x19.ragmesh.common.v1.Vector\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x32\n\x08location\x18\x05 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\"L\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\'\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x17.ragmesh.index.v1.Chunk\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\"\xa9\x01\n\x13\x44ocumentReplacement\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12(\n\x07upserts\x18\x02 \x03(\x0b\x32\x17.ragmesh.index.v1.Chunk\x12\x16\n\x0ekeep_chunk_ids\x18\x03 \x03(\t\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x04\x12\x31\n\x06source\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.DocumentSource\"g\n\x17ReplaceDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x38\n\tdocuments\x18\x02 \x03(\x0b\x32%.ragmesh.index.v1.DocumentReplacement\"o\n\x18ReplaceDocumentsResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\x12\x0f\n\x07removed\x18\x02 \x01(\r\x12\x19\n\x11missing_chunk_ids\x18\x03 \x03(\t\x12\x15\n\rstale_doc_ids\x18\x04 \x03(\t\"G\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\x12\x0f\n\x07\x64oc_ids\x18\x03 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"\xb8\x01\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12)\n\x06vector\x18\x02 \x01(\x0b\x32\x19.ragmesh.common.v1.Vector\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\x12\x31\n\x06\x66ilter\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.MetadataFilter\x12\x15\n\rwith_payloads\x18\x06 \x01(\r\"<\n\tSearchHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\"y\n\x0eSearchResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.ragmesh.index.v1.SearchHit\x12\r\n\x05shard\x18\x02 \x01(\r\x12-\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x1d.ragmesh.index.v1.StoredChunk\"9\n\x10GetChunksRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\"\xa4\x01\n\x0bStoredChunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x32\n\x08location\x18\x04 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\x12\x31\n\x06source\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.DocumentSource\"B\n\x11GetChunksResponse\x12-\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1d.ragmesh.index.v1.StoredChunk\"%\n\x0fGetStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"\xc7\x01\n\x10GetStatsResponse\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x04\x12\x11\n\tdocuments\x18\x03 \x01(\x04\x12\x12\n\nindex_type\x18\x04 \x01(\t\x12\x11\n\tdimension\x18\x05 \x01(\r\x12\r\n\x05shard\x18\x06 \x01(\r\x12\x13\n\x0bshard_count\x18\x07 \x01(\r\x12\x1b\n\x13pending_wal_records\x18\x08 \x01(\x04\x12\x14\n\x0clog_position\x18\t \x01(\x04\"%\n\x0fSnapshotRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"6\n\x10SnapshotResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x10\n\x08uploaded\x18\x02 \x01(\x08\"Q\n\x14ListDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"A\n\rDocumentEntry\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x11\n\tchunk_ids\x18\x03 \x03(\t\"d\n\x15ListDocumentsResponse\x12\x32\n\tdocuments\x18\x01 \x03(\x0b\x32\x1f.ragmesh.index.v1.DocumentEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xbe\x05\n\x0cIndexService\x12K\n\x06Upsert\x12\x1f.ragmesh.index.v1.UpsertRequest\x1a .ragmesh.index.v1.UpsertResponse\x12i\n\x10ReplaceDocuments\x12).ragmesh.index.v1.ReplaceDocumentsRequest\x1a*.ragmesh.index.v1.ReplaceDocumentsResponse\x12K\n\x06\x44\x65lete\x12\x1f.ragmesh.index.v1.DeleteRequest\x1a .ragmesh.index.v1.DeleteResponse\x12K\n\x06Search\x12\x1f.ragmesh.index.v1.SearchRequest\x1a .ragmesh.index.v1.SearchResponse\x12Q\n\x08GetStats\x12!.ragmesh.index.v1.GetStatsRequest\x1a\".ragmesh.index.v1.GetStatsResponse\x12T\n\tGetChunks\x12\".ragmesh.index.v1.GetChunksRequest\x1a#.ragmesh.index.v1.GetChunksResponse\x12Q\n\x08Snapshot\x12!.ragmesh.index.v1.SnapshotRequest\x1a\".ragmesh.index.v1.SnapshotResponse\x12`\n\rListDocuments\x12&.ragmesh.index.v1.ListDocumentsRequest\x1a\'.ragmesh.index.v1.ListDocumentsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,31 +49,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETERESPONSE']._serialized_start=812
   _globals['_DELETERESPONSE']._serialized_end=845
   _globals['_SEARCHREQUEST']._serialized_start=848
-  _globals['_SEARCHREQUEST']._serialized_end=1009
-  _globals['_SEARCHHIT']._serialized_start=1011
-  _globals['_SEARCHHIT']._serialized_end=1071
-  _globals['_SEARCHRESPONSE']._serialized_start=1073
-  _globals['_SEARCHRESPONSE']._serialized_end=1147
-  _globals['_GETCHUNKSREQUEST']._serialized_start=1149
-  _globals['_GETCHUNKSREQUEST']._serialized_end=1206
-  _globals['_STOREDCHUNK']._serialized_start=1209
-  _globals['_STOREDCHUNK']._serialized_end=1373
-  _globals['_GETCHUNKSRESPONSE']._serialized_start=1375
-  _globals['_GETCHUNKSRESPONSE']._serialized_end=1441
-  _globals['_GETSTATSREQUEST']._serialized_start=1443
-  _globals['_GETSTATSREQUEST']._serialized_end=1480
-  _globals['_GETSTATSRESPONSE']._serialized_start=1483
-  _globals['_GETSTATSRESPONSE']._serialized_end=1682
-  _globals['_SNAPSHOTREQUEST']._serialized_start=1684
-  _globals['_SNAPSHOTREQUEST']._serialized_end=1721
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=1723
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=1777
-  _globals['_LISTDOCUMENTSREQUEST']._serialized_start=1779
-  _globals['_LISTDOCUMENTSREQUEST']._serialized_end=1860
-  _globals['_DOCUMENTENTRY']._serialized_start=1862
-  _globals['_DOCUMENTENTRY']._serialized_end=1927
-  _globals['_LISTDOCUMENTSRESPONSE']._serialized_start=1929
-  _globals['_LISTDOCUMENTSRESPONSE']._serialized_end=2029
-  _globals['_INDEXSERVICE']._serialized_start=2032
-  _globals['_INDEXSERVICE']._serialized_end=2734
+  _globals['_SEARCHREQUEST']._serialized_end=1032
+  _globals['_SEARCHHIT']._serialized_start=1034
+  _globals['_SEARCHHIT']._serialized_end=1094
+  _globals['_SEARCHRESPONSE']._serialized_start=1096
+  _globals['_SEARCHRESPONSE']._serialized_end=1217
+  _globals['_GETCHUNKSREQUEST']._serialized_start=1219
+  _globals['_GETCHUNKSREQUEST']._serialized_end=1276
+  _globals['_STOREDCHUNK']._serialized_start=1279
+  _globals['_STOREDCHUNK']._serialized_end=1443
+  _globals['_GETCHUNKSRESPONSE']._serialized_start=1445
+  _globals['_GETCHUNKSRESPONSE']._serialized_end=1511
+  _globals['_GETSTATSREQUEST']._serialized_start=1513
+  _globals['_GETSTATSREQUEST']._serialized_end=1550
+  _globals['_GETSTATSRESPONSE']._serialized_start=1553
+  _globals['_GETSTATSRESPONSE']._serialized_end=1752
+  _globals['_SNAPSHOTREQUEST']._serialized_start=1754
+  _globals['_SNAPSHOTREQUEST']._serialized_end=1791
+  _globals['_SNAPSHOTRESPONSE']._serialized_start=1793
+  _globals['_SNAPSHOTRESPONSE']._serialized_end=1847
+  _globals['_LISTDOCUMENTSREQUEST']._serialized_start=1849
+  _globals['_LISTDOCUMENTSREQUEST']._serialized_end=1930
+  _globals['_DOCUMENTENTRY']._serialized_start=1932
+  _globals['_DOCUMENTENTRY']._serialized_end=1997
+  _globals['_LISTDOCUMENTSRESPONSE']._serialized_start=1999
+  _globals['_LISTDOCUMENTSRESPONSE']._serialized_end=2099
+  _globals['_INDEXSERVICE']._serialized_start=2102
+  _globals['_INDEXSERVICE']._serialized_end=2804
 # @@protoc_insertion_point(module_scope)

@@ -86,18 +86,20 @@ class DeleteResponse(_message.Message):
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "vector", "top_k", "doc_ids", "filter")
+    __slots__ = ("collection", "vector", "top_k", "doc_ids", "filter", "with_payloads")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     DOC_IDS_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    WITH_PAYLOADS_FIELD_NUMBER: _ClassVar[int]
     collection: str
     vector: _common_pb2.Vector
     top_k: int
     doc_ids: _containers.RepeatedScalarFieldContainer[str]
     filter: _common_pb2.MetadataFilter
-    def __init__(self, collection: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ...) -> None: ...
+    with_payloads: int
+    def __init__(self, collection: _Optional[str] = ..., vector: _Optional[_Union[_common_pb2.Vector, _Mapping]] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ..., with_payloads: _Optional[int] = ...) -> None: ...
 
 class SearchHit(_message.Message):
     __slots__ = ("chunk_id", "doc_id", "score")
@@ -110,12 +112,14 @@ class SearchHit(_message.Message):
     def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("hits", "shard")
+    __slots__ = ("hits", "shard", "chunks")
     HITS_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
     shard: int
-    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., shard: _Optional[int] = ...) -> None: ...
+    chunks: _containers.RepeatedCompositeFieldContainer[StoredChunk]
+    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., shard: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[StoredChunk, _Mapping]]] = ...) -> None: ...
 
 class GetChunksRequest(_message.Message):
     __slots__ = ("collection", "chunk_ids")

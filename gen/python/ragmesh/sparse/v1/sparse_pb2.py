@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ragmesh.common.v1 import common_pb2 as ragmesh_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eragmesh/sparse/v1/sparse.proto\x12\x11ragmesh.sparse.v1\x1a\x1eragmesh/common/v1/common.proto\"\x81\x02\n\tChunkText\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x32\n\x08location\x18\x05 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\x12\x12\n\nsource_uri\x18\x06 \x01(\t\x12<\n\x08metadata\x18\x07 \x03(\x0b\x32*.ragmesh.sparse.v1.ChunkText.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xae\x01\n\x13\x44ocumentReplacement\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12-\n\x07upserts\x18\x02 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.ChunkText\x12\x16\n\x0ekeep_chunk_ids\x18\x03 \x03(\t\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x04\x12\x31\n\x06source\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.DocumentSource\"h\n\x17ReplaceDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x39\n\tdocuments\x18\x02 \x03(\x0b\x32&.ragmesh.sparse.v1.DocumentReplacement\"o\n\x18ReplaceDocumentsResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\x12\x0f\n\x07removed\x18\x02 \x01(\r\x12\x19\n\x11missing_chunk_ids\x18\x03 \x03(\t\x12\x15\n\rstale_doc_ids\x18\x04 \x03(\t\"G\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\x12\x0f\n\x07\x64oc_ids\x18\x03 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"\x89\x01\n\x11SearchBm25Request\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\x12\x31\n\x06\x66ilter\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.MetadataFilter\"\x8d\x01\n\x12SearchExactRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x10\n\x08keywords\x18\x02 \x03(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\x12\x31\n\x06\x66ilter\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.MetadataFilter\"V\n\tSearchHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x18\n\x10matched_keywords\x18\x04 \x03(\t\"W\n\x12SearchBm25Response\x12*\n\x04hits\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.SearchHit\x12\x15\n\runknown_terms\x18\x02 \x03(\t\"A\n\x13SearchExactResponse\x12*\n\x04hits\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.SearchHit\"9\n\x10GetChunksRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\"A\n\x11GetChunksResponse\x12,\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.ChunkText\"%\n\x0fGetStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"_\n\x10GetStatsResponse\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x04\x12\x11\n\tdocuments\x18\x03 \x01(\x04\x12\x14\n\x0clog_position\x18\x04 \x01(\x04\"Q\n\x14ListDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"A\n\rDocumentEntry\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x11\n\tchunk_ids\x18\x03 \x03(\t\"e\n\x15ListDocumentsResponse\x12\x33\n\tdocuments\x18\x01 \x03(\x0b\x32 .ragmesh.sparse.v1.DocumentEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x95\x05\n\rSparseService\x12k\n\x10ReplaceDocuments\x12*.ragmesh.sparse.v1.ReplaceDocumentsRequest\x1a+.ragmesh.sparse.v1.ReplaceDocumentsResponse\x12M\n\x06\x44\x65lete\x12 .ragmesh.sparse.v1.DeleteRequest\x1a!.ragmesh.sparse.v1.DeleteResponse\x12Y\n\nSearchBm25\x12$.ragmesh.sparse.v1.SearchBm25Request\x1a%.ragmesh.sparse.v1.SearchBm25Response\x12\\\n\x0bSearchExact\x12%.ragmesh.sparse.v1.SearchExactRequest\x1a&.ragmesh.sparse.v1.SearchExactResponse\x12V\n\tGetChunks\x12#.ragmesh.sparse.v1.GetChunksRequest\x1a$.ragmesh.sparse.v1.GetChunksResponse\x12S\n\x08GetStats\x12\".ragmesh.sparse.v1.GetStatsRequest\x1a#.ragmesh.sparse.v1.GetStatsResponse\x12\x62\n\rListDocuments\x12\'.ragmesh.sparse.v1.ListDocumentsRequest\x1a(.ragmesh.sparse.v1.ListDocumentsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eragmesh/sparse/v1/sparse.proto\x12\x11ragmesh.sparse.v1\x1a\x1eragmesh/common/v1/common.proto\"\x81\x02\n\tChunkText\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x32\n\x08location\x18\x05 \x01(\x0b\x32 .ragmesh.common.v1.ChunkLocation\x12\x12\n\nsource_uri\x18\x06 \x01(\t\x12<\n\x08metadata\x18\x07 \x03(\x0b\x32*.ragmesh.sparse.v1.ChunkText.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xae\x01\n\x13\x44ocumentReplacement\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12-\n\x07upserts\x18\x02 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.ChunkText\x12\x16\n\x0ekeep_chunk_ids\x18\x03 \x03(\t\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x04\x12\x31\n\x06source\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.DocumentSource\"h\n\x17ReplaceDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x39\n\tdocuments\x18\x02 \x03(\x0b\x32&.ragmesh.sparse.v1.DocumentReplacement\"o\n\x18ReplaceDocumentsResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\x12\x0f\n\x07removed\x18\x02 \x01(\r\x12\x19\n\x11missing_chunk_ids\x18\x03 \x03(\t\x12\x15\n\rstale_doc_ids\x18\x04 \x03(\t\"G\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\x12\x0f\n\x07\x64oc_ids\x18\x03 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"\x9c\x01\n\x11SearchBm25Request\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\x12\x31\n\x06\x66ilter\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.MetadataFilter\x12\x11\n\twith_text\x18\x06 \x01(\r\"\x8d\x01\n\x12SearchExactRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x10\n\x08keywords\x18\x02 \x03(\t\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0f\n\x07\x64oc_ids\x18\x04 \x03(\t\x12\x31\n\x06\x66ilter\x18\x05 \x01(\x0b\x32!.ragmesh.common.v1.MetadataFilter\"V\n\tSearchHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x18\n\x10matched_keywords\x18\x04 \x03(\t\"\x85\x01\n\x12SearchBm25Response\x12*\n\x04hits\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.SearchHit\x12\x15\n\runknown_terms\x18\x02 \x03(\t\x12,\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.ChunkText\"A\n\x13SearchExactResponse\x12*\n\x04hits\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.SearchHit\"9\n\x10GetChunksRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\"A\n\x11GetChunksResponse\x12,\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1c.ragmesh.sparse.v1.ChunkText\"%\n\x0fGetStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"_\n\x10GetStatsResponse\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x04\x12\x11\n\tdocuments\x18\x03 \x01(\x04\x12\x14\n\x0clog_position\x18\x04 \x01(\x04\"Q\n\x14ListDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"A\n\rDocumentEntry\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x11\n\tchunk_ids\x18\x03 \x03(\t\"e\n\x15ListDocumentsResponse\x12\x33\n\tdocuments\x18\x01 \x03(\x0b\x32 .ragmesh.sparse.v1.DocumentEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x95\x05\n\rSparseService\x12k\n\x10ReplaceDocuments\x12*.ragmesh.sparse.v1.ReplaceDocumentsRequest\x1a+.ragmesh.sparse.v1.ReplaceDocumentsResponse\x12M\n\x06\x44\x65lete\x12 .ragmesh.sparse.v1.DeleteRequest\x1a!.ragmesh.sparse.v1.DeleteResponse\x12Y\n\nSearchBm25\x12$.ragmesh.sparse.v1.SearchBm25Request\x1a%.ragmesh.sparse.v1.SearchBm25Response\x12\\\n\x0bSearchExact\x12%.ragmesh.sparse.v1.SearchExactRequest\x1a&.ragmesh.sparse.v1.SearchExactResponse\x12V\n\tGetChunks\x12#.ragmesh.sparse.v1.GetChunksRequest\x1a$.ragmesh.sparse.v1.GetChunksResponse\x12S\n\x08GetStats\x12\".ragmesh.sparse.v1.GetStatsRequest\x1a#.ragmesh.sparse.v1.GetStatsResponse\x12\x62\n\rListDocuments\x12\'.ragmesh.sparse.v1.ListDocumentsRequest\x1a(.ragmesh.sparse.v1.ListDocumentsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,29 +49,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETERESPONSE']._serialized_start=814
   _globals['_DELETERESPONSE']._serialized_end=847
   _globals['_SEARCHBM25REQUEST']._serialized_start=850
-  _globals['_SEARCHBM25REQUEST']._serialized_end=987
-  _globals['_SEARCHEXACTREQUEST']._serialized_start=990
-  _globals['_SEARCHEXACTREQUEST']._serialized_end=1131
-  _globals['_SEARCHHIT']._serialized_start=1133
-  _globals['_SEARCHHIT']._serialized_end=1219
-  _globals['_SEARCHBM25RESPONSE']._serialized_start=1221
-  _globals['_SEARCHBM25RESPONSE']._serialized_end=1308
-  _globals['_SEARCHEXACTRESPONSE']._serialized_start=1310
-  _globals['_SEARCHEXACTRESPONSE']._serialized_end=1375
-  _globals['_GETCHUNKSREQUEST']._serialized_start=1377
-  _globals['_GETCHUNKSREQUEST']._serialized_end=1434
-  _globals['_GETCHUNKSRESPONSE']._serialized_start=1436
-  _globals['_GETCHUNKSRESPONSE']._serialized_end=1501
-  _globals['_GETSTATSREQUEST']._serialized_start=1503
-  _globals['_GETSTATSREQUEST']._serialized_end=1540
-  _globals['_GETSTATSRESPONSE']._serialized_start=1542
-  _globals['_GETSTATSRESPONSE']._serialized_end=1637
-  _globals['_LISTDOCUMENTSREQUEST']._serialized_start=1639
-  _globals['_LISTDOCUMENTSREQUEST']._serialized_end=1720
-  _globals['_DOCUMENTENTRY']._serialized_start=1722
-  _globals['_DOCUMENTENTRY']._serialized_end=1787
-  _globals['_LISTDOCUMENTSRESPONSE']._serialized_start=1789
-  _globals['_LISTDOCUMENTSRESPONSE']._serialized_end=1890
-  _globals['_SPARSESERVICE']._serialized_start=1893
-  _globals['_SPARSESERVICE']._serialized_end=2554
+  _globals['_SEARCHBM25REQUEST']._serialized_end=1006
+  _globals['_SEARCHEXACTREQUEST']._serialized_start=1009
+  _globals['_SEARCHEXACTREQUEST']._serialized_end=1150
+  _globals['_SEARCHHIT']._serialized_start=1152
+  _globals['_SEARCHHIT']._serialized_end=1238
+  _globals['_SEARCHBM25RESPONSE']._serialized_start=1241
+  _globals['_SEARCHBM25RESPONSE']._serialized_end=1374
+  _globals['_SEARCHEXACTRESPONSE']._serialized_start=1376
+  _globals['_SEARCHEXACTRESPONSE']._serialized_end=1441
+  _globals['_GETCHUNKSREQUEST']._serialized_start=1443
+  _globals['_GETCHUNKSREQUEST']._serialized_end=1500
+  _globals['_GETCHUNKSRESPONSE']._serialized_start=1502
+  _globals['_GETCHUNKSRESPONSE']._serialized_end=1567
+  _globals['_GETSTATSREQUEST']._serialized_start=1569
+  _globals['_GETSTATSREQUEST']._serialized_end=1606
+  _globals['_GETSTATSRESPONSE']._serialized_start=1608
+  _globals['_GETSTATSRESPONSE']._serialized_end=1703
+  _globals['_LISTDOCUMENTSREQUEST']._serialized_start=1705
+  _globals['_LISTDOCUMENTSREQUEST']._serialized_end=1786
+  _globals['_DOCUMENTENTRY']._serialized_start=1788
+  _globals['_DOCUMENTENTRY']._serialized_end=1853
+  _globals['_LISTDOCUMENTSRESPONSE']._serialized_start=1855
+  _globals['_LISTDOCUMENTSRESPONSE']._serialized_end=1956
+  _globals['_SPARSESERVICE']._serialized_start=1959
+  _globals['_SPARSESERVICE']._serialized_end=2620
 # @@protoc_insertion_point(module_scope)

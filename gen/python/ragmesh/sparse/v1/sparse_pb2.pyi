@@ -83,18 +83,20 @@ class DeleteResponse(_message.Message):
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
 class SearchBm25Request(_message.Message):
-    __slots__ = ("collection", "query", "top_k", "doc_ids", "filter")
+    __slots__ = ("collection", "query", "top_k", "doc_ids", "filter", "with_text")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     DOC_IDS_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    WITH_TEXT_FIELD_NUMBER: _ClassVar[int]
     collection: str
     query: str
     top_k: int
     doc_ids: _containers.RepeatedScalarFieldContainer[str]
     filter: _common_pb2.MetadataFilter
-    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ...) -> None: ...
+    with_text: int
+    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ..., with_text: _Optional[int] = ...) -> None: ...
 
 class SearchExactRequest(_message.Message):
     __slots__ = ("collection", "keywords", "top_k", "doc_ids", "filter")
@@ -123,12 +125,14 @@ class SearchHit(_message.Message):
     def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., score: _Optional[float] = ..., matched_keywords: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SearchBm25Response(_message.Message):
-    __slots__ = ("hits", "unknown_terms")
+    __slots__ = ("hits", "unknown_terms", "chunks")
     HITS_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_TERMS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
     unknown_terms: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., unknown_terms: _Optional[_Iterable[str]] = ...) -> None: ...
+    chunks: _containers.RepeatedCompositeFieldContainer[ChunkText]
+    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., unknown_terms: _Optional[_Iterable[str]] = ..., chunks: _Optional[_Iterable[_Union[ChunkText, _Mapping]]] = ...) -> None: ...
 
 class SearchExactResponse(_message.Message):
     __slots__ = ("hits",)
