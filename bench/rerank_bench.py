@@ -302,6 +302,45 @@ async def fused_candidates(
     return out
 
 
+def rerank_scores(
+    model: CrossEncoderModel, query: str, results: Sequence[gateway_pb2.SearchResult], count: int
+) -> tuple[list[float], float]:
+    """The model's scores of the first ``count`` candidates, and the milliseconds they took."""
+    started = time.perf_counter()
+    scores, _ = model.score(query, [r.text for r in results[:count]])
+    return scores.tolist(), (time.perf_counter() - started) * 1000
+
+
+def reranked_order(
+    results: Sequence[gateway_pb2.SearchResult],
+    count: int,
+    scores: Sequence[float],
+    weight: float,
+    keep_fused_margin: float = 0.0,
+) -> list[str]:
+    """The gateway's second stage on scored candidates (services.gateway.rerank): those passing
+    the threshold in the blend of the reranker's and the fused order, those under it after them
+    in fused order (all in fused order when none passes, or when the fused first scores within
+    ``keep_fused_margin`` of the best), then the candidates not reranked."""
+    settings = RerankerSettings()
+    head = results[:count]
+    chosen = select(scores, settings.reranker_min_score, settings.reranker_fallback_count, 0)
+    first_holds = (
+        keep_fused_margin > 0
+        and scores[0] >= settings.reranker_min_score
+        and max(scores) - scores[0] <= keep_fused_margin
+    )
+    if chosen.fallback or first_holds:
+        return [r.doc_id for r in results]
+    items = [
+        Fused(head[i].chunk_id, head[i].doc_id, head[i].fused_score, fused_rank=i + 1) for i in chosen.order
+    ]
+    passed = set(chosen.order)
+    failed = [r.doc_id for i, r in enumerate(head) if i not in passed]
+    blended = [f.doc_id for f in blend_reranked(items, weight, GatewaySettings().gateway_rrf_k)]
+    return blended + failed + [r.doc_id for r in results[count:]]
+
+
 def rerank_run(
     model: CrossEncoderModel,
     query: str,
@@ -310,17 +349,9 @@ def rerank_run(
     weight: float,
 ) -> tuple[list[str], float]:
     """The gateway's second stage in process: score, threshold/fallback, blend, then the rest."""
-    settings = RerankerSettings()
-    head = results[:count]
-    started = time.perf_counter()
-    scores, _ = model.score(query, [r.text for r in head])
-    elapsed = (time.perf_counter() - started) * 1000
-    chosen = select(scores.tolist(), settings.reranker_min_score, settings.reranker_fallback_count, 0)
-    items = [
-        Fused(head[i].chunk_id, head[i].doc_id, head[i].fused_score, fused_rank=i + 1) for i in chosen.order
-    ]
-    ordered = items if chosen.fallback else blend_reranked(items, weight, 10)
-    return [f.doc_id for f in ordered] + [r.doc_id for r in results[count:]], elapsed
+    scores, elapsed = rerank_scores(model, query, results, count)
+    margin = GatewaySettings().gateway_rerank_keep_fused_margin
+    return reranked_order(results, count, scores, weight, margin), elapsed
 
 
 def trade_off(

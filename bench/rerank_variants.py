@@ -1,10 +1,12 @@
 """Reranker settings side by side: nDCG@10 and time per query for each (tokens per pair, passage
-window, opening tokens kept, candidates), on the gateway's own fused candidates, with the
-gateway's selection and blend code (``bench.rerank_bench.rerank_run``), against the first
-variant given (the reference) with a paired bootstrap.
+window, opening tokens kept, candidates), final blend weight and keep-fused margin, on the gateway's own fused
+candidates, with the gateway's selection, blend and keep-fused rules (``bench.rerank_bench.reranked_order``),
+against the first variant given (the reference) with a paired bootstrap. Each variant's scores
+are cached (``--cache``) by model, setting and candidates: a rerun, or another blend weight,
+costs no model time.
 
     .venv/bin/python -m bench.rerank_variants --gateway 127.0.0.1:PORT --set scifact:val \\
-        --variant 256:head:0:35 --variant 160:overlap:32:35
+        --variant 256:head:0:35 --variant 160:overlap:32:35 --weights 0.5 1 --margins 0 1
 
 Sets:
 - ``scifact:val``: the 121 SciFact train claims the bundled model's build held out (its seed and
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import itertools
 import json
 import time
 from collections.abc import Sequence
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import qa
-from bench.rerank_bench import Variant, fused_candidates, percentile, rerank_run
+from bench.rerank_bench import Variant, fused_candidates, percentile, rerank_scores, reranked_order
 from meshkit.settings import GatewaySettings, RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli import metrics
@@ -90,21 +93,37 @@ def save(path: Path, payload: object) -> None:
     path.write_text(json.dumps(payload, indent=1) + "\n")
 
 
+@dataclass
+class Scored:
+    scores: dict[str, list[float]]  # query id -> the model's score of each candidate
+    ms: dict[str, float]  # query id -> milliseconds to score its candidates
+    cached: bool
+
+
 def score_variant(
-    model_dir: Path,
+    args: argparse.Namespace,
     variant: Variant,
     group: QuerySet,
     candidates: dict[str, list[gateway_pb2.SearchResult]],
-    weight: float,
-) -> tuple[dict[str, float], list[float]]:
-    model = variant.spec(model_dir).load()
-    run, times = {}, []
+) -> Scored:
+    """The variant's scores of every query's candidates, from the cache when this model, setting
+    and candidate set were scored before (scores are deterministic; the times are then the first
+    run's)."""
+    model = variant.spec(args.model_dir).load()
+    key_parts = [model.model_sha256, str(variant), group.name, sorted(candidates)]
+    key = hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()[:16]
+    path = args.cache / f"scores-{key}.json"
+    if path.is_file():
+        raw = json.loads(path.read_text())
+        return Scored(raw["scores"], raw["ms"], cached=True)
+    scored = Scored({}, {}, cached=False)
     for done, (qid, results) in enumerate(candidates.items(), start=1):
-        run[qid], ms = rerank_run(model, group.queries[qid], results, variant.candidates, weight)
-        times.append(ms)
+        query = group.queries[qid]
+        scored.scores[qid], scored.ms[qid] = rerank_scores(model, query, results, variant.candidates)
         if done % 50 == 0:
             print(f"  {variant}: {done}/{len(candidates)} queries", flush=True)
-    return metrics.per_query(run, group.qrels, metrics.STANDARD_METRICS["ndcg@10"]), times
+    save(path, {"scores": scored.scores, "ms": scored.ms})
+    return scored
 
 
 def compare(reference: dict[str, float], other: dict[str, float]) -> dict[str, Any]:
@@ -120,18 +139,28 @@ def evaluate_set(
     rows: list[dict[str, Any]] = [{"variant": "fused", "ndcg@10": round(metrics.mean(fused.values()), 4)}]
     reference: dict[str, float] | None = None
     for variant in args.variant:
-        scores, times = score_variant(args.model_dir, variant, group, candidates, args.weight)
-        reference = reference or scores
-        row = {
-            "variant": str(variant),
-            "ndcg@10": round(metrics.mean(scores.values()), 4),
-            "vs_reference": compare(reference, scores),
-            "vs_fused": compare(fused, scores),
-            "p50_ms": round(percentile(times, 50), 1),
-            "p95_ms": round(percentile(times, 95), 1),
-        }
-        print(f"{group.name} {json.dumps(row)}", flush=True)
-        rows.append(row)
+        scored = score_variant(args, variant, group, candidates)
+        times = list(scored.ms.values())
+        for weight, margin in itertools.product(args.weights, args.margins):
+            run = {
+                qid: reranked_order(results, variant.candidates, scored.scores[qid], weight, margin)
+                for qid, results in candidates.items()
+            }
+            per_query = metrics.per_query(run, group.qrels, ndcg)
+            reference = reference or per_query
+            row = {
+                "variant": str(variant),
+                "fused_weight": weight,
+                "keep_fused_margin": margin,
+                "ndcg@10": round(metrics.mean(per_query.values()), 4),
+                "vs_reference": compare(reference, per_query),
+                "vs_fused": compare(fused, per_query),
+                "p50_ms": round(percentile(times, 50), 1),
+                "p95_ms": round(percentile(times, 95), 1),
+                "timing": "cached from the first run" if scored.cached else "this run",
+            }
+            print(f"{group.name} {json.dumps(row)}", flush=True)
+            rows.append(row)
     return rows
 
 
@@ -147,7 +176,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--dataset", type=Path, default=Path("../shared/bench/scifact"))
     parser.add_argument("--model-dir", type=Path, default=RerankerSettings().reranker_model_dir)
-    parser.add_argument("--weight", type=float, default=GatewaySettings().gateway_rerank_fused_weight)
+    parser.add_argument(
+        "--weights",
+        type=float,
+        nargs="+",
+        default=[GatewaySettings().gateway_rerank_fused_weight],
+        help="fused weights of the final blend to evaluate (each variant is scored once)",
+    )
+    parser.add_argument(
+        "--margins",
+        type=float,
+        nargs="+",
+        default=[GatewaySettings().gateway_rerank_keep_fused_margin],
+        help="keep-fused margins to evaluate (0: always the reranker's order)",
+    )
     parser.add_argument("--cache", type=Path, default=Path(".cache/rerank-variants"))
     parser.add_argument("--out", type=Path, default=Path("bench/results/rerank-variants.json"))
     args = parser.parse_args(argv)

@@ -14,6 +14,7 @@ import pytest
 
 from bench import rerank_bench
 from meshkit.settings import RerankerSettings
+from ragmesh.gateway.v1 import gateway_pb2
 from services.reranker.model import CrossEncoderModel
 
 MODEL_DIR = RerankerSettings().reranker_model_dir
@@ -109,3 +110,17 @@ def test_a_variant_reads_back_as_written() -> None:
     assert (variant.tokens, variant.window, variant.head, variant.candidates) == (160, "overlap", 32, 35)
     assert str(variant) == "160:overlap:32:35"
     assert variant.spec(MODEL_DIR) == rerank_bench.ModelSpec(MODEL_DIR, 160, "overlap", 32)
+
+
+def test_the_in_process_order_follows_the_gateways_rules() -> None:
+    results = [
+        gateway_pb2.SearchResult(chunk_id=f"c{i}", doc_id=f"d{i}", fused_score=1 / (i + 1)) for i in range(5)
+    ]
+    # d1 fails the threshold (-5): after those that pass, not dropped; d4 was not reranked.
+    order = rerank_bench.reranked_order(results, 4, [0.0, -9.0, 3.0, 1.0], weight=0.0)
+    assert order == ["d2", "d3", "d0", "d1", "d4"]
+    # None passes: the fused order stands.
+    assert rerank_bench.reranked_order(results, 4, [-9.0] * 4, weight=0.5) == [f"d{i}" for i in range(5)]
+    # A heavy fused weight brings the fused order back among those that pass.
+    heavy = rerank_bench.reranked_order(results, 4, [0.0, -9.0, 3.0, 1.0], weight=100.0)
+    assert heavy[:3] == ["d0", "d2", "d3"]

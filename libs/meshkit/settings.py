@@ -638,6 +638,13 @@ class GatewaySettings(MeshSettings):
         ge=0,
         description="Final order: RRF of the reranker's order (weight 1) and the fused order (this weight).",
     )
+    gateway_rerank_keep_fused_margin: float = Field(
+        1.0,
+        ge=0,
+        description="The fused order stands when the reranker scores the fused first candidate within this "
+        "many log-odds of its best one: it does not clearly disagree with retrieval, which judges better "
+        "off the reranker's training domain (docs/BENCHMARKS.md). 0: always the reranker's order.",
+    )
     gateway_rerank_share: float = Field(
         0.6, gt=0, le=1, description="Share of the caller's deadline kept from the legs for reranking."
     )

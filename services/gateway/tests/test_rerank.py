@@ -88,7 +88,8 @@ async def test_rerank_candidates_bounds_what_is_sent_and_the_rest_follow_in_fuse
     assert names(response) == ["c0", "c2", "c4", "c1", "c3"]  # c2 fails the threshold
     assert rerank_scores(response) == {"c0": -1.0, "c2": None, "c4": None, "c1": None, "c3": None}
     assert [r.fused_rank for r in response.results] == [1, 2, 3, 4, 5]
-    assert response.reranked
+    # The reranker's best is the fused first: the fused order stands (keep_fused_margin).
+    assert not response.reranked
 
     response = await search(gateway, rerank=True, rerank_candidates=3)
     assert [NAME_OF[p.id] for p in gateway.fakes.requests["reranker"][-1].passages] == ["c0", "c2", "c4"]
@@ -270,3 +271,26 @@ def test_candidate_count_is_the_request_else_the_strategy_default() -> None:
     tuned = GatewaySettings(gateway_rerank_candidates_precise=12, gateway_rerank_candidates_exhaustive=24)
     assert candidate_count(tuned, 0, planner_pb2.STRATEGY_PRECISE) == 12
     assert candidate_count(tuned, 0, planner_pb2.STRATEGY_EXHAUSTIVE) == 24
+
+
+@pytest.mark.parametrize(("first_score", "kept"), [(2.5, True), (2.0, True), (1.9, False)])
+async def test_the_fused_order_stands_when_the_reranker_finds_its_first_close_to_its_best(
+    first_score: float, kept: bool
+) -> None:
+    # c3 is the reranker's best (3.0); c0, fused first, within a margin of 1 of it or not.
+    async with running_gateway(gateway_rerank=True, gateway_rerank_keep_fused_margin=1.0) as gateway:
+        gateway.fakes.rerank_scores["c0"] = first_score
+        response = await search(gateway)
+    assert not response.degradations
+    assert response.reranked is not kept
+    assert names(response) == (FUSED if kept else ["c3", "c1", "c0", "c4", "c2"])
+    # Kept or not, every candidate that passed carries its score (Ask's evidence gate reads them).
+    expected_scores = {**RERANK_SCORES, "c0": first_score, "c2": None}
+    assert rerank_scores(response) == pytest.approx({n: expected_scores[n] for n in names(response)})
+
+
+async def test_a_margin_of_zero_always_takes_the_rerankers_order() -> None:
+    async with running_gateway(gateway_rerank=True, gateway_rerank_keep_fused_margin=0.0) as gateway:
+        gateway.fakes.rerank_scores["c0"] = 3.0  # a tie with the best
+        response = await search(gateway)
+    assert response.reranked and names(response)[0] in {"c0", "c3"}
