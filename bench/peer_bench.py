@@ -39,15 +39,17 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+# Answer.chunk_ids holds a system's ranked documents here (every system answers with documents).
 from bench.search_bench import Answer, LoadRun, summary
 from meshkit.ids import sha256_file
 from meshkit.settings import EmbedderSettings, PlannerSettings
@@ -56,6 +58,7 @@ from ragmesh_cli import metrics
 from ragmesh_cli.channels import open_channel
 from ragmesh_cli.evaluation import BeirDataset, load_dataset
 from ragmesh_cli.rerankerbuild.mining import Passage, chunk_corpus, read_beir_corpus
+from ragmesh_cli.search import degradation_label
 from services.embedder.model import EmbeddingModel, TextKind
 from services.gateway.validation import DEFAULT_TOP_K
 
@@ -273,12 +276,18 @@ def build_lancedb(
     return search
 
 
-def ragmesh_search(stub: gateway_pb2_grpc.GatewayServiceStub, collection: str) -> AsyncSearch:
+def ragmesh_search(
+    stub: gateway_pb2_grpc.GatewayServiceStub, collection: str, degraded: Counter[str]
+) -> AsyncSearch:
+    """Gateway Search as the bench asks it; counts the degradations the gateway reports (a leg
+    that timed out would make its figures look better than the full search)."""
+
     async def search(query: str) -> list[str]:
         request = gateway_pb2.SearchRequest(
             collection=collection, query=query, top_k=DEFAULT_TOP_K, rerank=False, collapse_documents=True
         )
         reply = await stub.Search(request, timeout=CALL_TIMEOUT_S)
+        degraded.update(degradation_label(d) for d in reply.degradations)
         return top_documents(r.doc_id for r in reply.results)
 
     return search
@@ -320,11 +329,10 @@ def run_threads(
             if seconds is None:
                 answers[i] = Answer(tuple(docs), False)
 
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="client") as pool:
+        clients = [pool.submit(client) for _ in range(concurrency)]
+        for done in clients:
+            done.result()  # a failed search fails the run instead of leaving fewer clients
     wall = time.perf_counter() - started
     return LoadRun(latencies, wall, [answers[i] for i in sorted(answers)])
 
@@ -464,6 +472,8 @@ def table(result: Mapping[str, Any]) -> str:
             f"ragmesh throughput / {cmp['fastest_peer_throughput']}: "
             f"{cmp['throughput_ratio_c8_vs_fastest_peer']:.2f}x; goals: {cmp['goals']}"
         )
+    if RAGMESH in figures:
+        lines.append(f"ragmesh degraded searches: {result['ragmesh_degradations'] or 'none'}")
     for name, diff in result["ndcg10_bootstrap"].items():
         ci = f"[{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}]"
         lines.append(f"{name}: {diff['mean_diff']:+.4f} nDCG@10 (95% CI {ci})")
@@ -518,13 +528,14 @@ async def measure(args: argparse.Namespace, dataset: BeirDataset, workdir: Path)
     systems, corpus = await build_systems(args, dataset, workdir, skipped)
     if not systems:
         raise SystemExit(f"nothing to measure: {skipped}")
+    degraded: Counter[str] = Counter()
     query_ids = list(dataset.queries)
     queries = [dataset.queries[q] for q in query_ids]
     async with contextlib.AsyncExitStack() as stack:
         if RAGMESH in systems:
             channel = await stack.enter_async_context(open_channel(args.gateway))
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-            systems[RAGMESH].run_async = ragmesh_search(stub, args.collection)
+            systems[RAGMESH].run_async = ragmesh_search(stub, args.collection, degraded)
         names = [name for name in SYSTEMS if name in systems]
         per_query: dict[str, dict[str, float]] = {}
         for name in names:  # warm-up: every claim once, its answers scored
@@ -547,6 +558,7 @@ async def measure(args: argparse.Namespace, dataset: BeirDataset, workdir: Path)
     return {
         "corpus": corpus,
         "skipped": skipped,
+        "ragmesh_degradations": dict(degraded),
         "figures": {name: {k: round(v, 3) for k, v in row.items()} for name, row in figures.items()},
         "comparison": comparison(figures, ndcg10),
         "ndcg10_bootstrap": bootstraps(per_query),
@@ -629,7 +641,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(table(result))
     print(f"\nwritten to {out}")
     if args.json:
-        summary_line = {"bench": "peer", **result["comparison"], "skipped": result["skipped"]}
+        summary_line = {
+            "bench": "peer",
+            **result["comparison"],
+            "skipped": result["skipped"],
+            "ragmesh_degradations": result["ragmesh_degradations"],
+        }
         print(json.dumps(summary_line, sort_keys=True))
 
 

@@ -230,6 +230,16 @@ def test_run_threads_answers_every_query_in_order() -> None:
     assert timed.answers == [] and len(timed.latencies_s) > 0 and timed.wall_s >= 0.05
 
 
+def test_run_threads_fails_when_a_search_fails() -> None:
+    def search(query: str) -> list[str]:
+        if query == "q7":
+            raise RuntimeError("peer broke")
+        return [query]
+
+    with pytest.raises(RuntimeError, match="peer broke"):
+        run_threads(search, [f"q{i}" for i in range(20)], 4, None)
+
+
 # ---------------------------------------------------------------------------- the peers
 
 
@@ -288,5 +298,6 @@ def test_main_ends_with_one_json_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert set(last["ndcg10"]) == {LANCEDB}
     assert RAGMESH in last["skipped"]  # --docs: the mesh holds the whole corpus
     assert last["p50_ratio_vs_fastest_peer"] is None
+    assert last["ragmesh_degradations"] == {}
     report = json.loads(out.read_text())
     assert report["claims"] == 3 and report["corpus"]["documents"] == 20
