@@ -11,7 +11,7 @@ SCIFACT ?= ../shared/bench/scifact
 STAMP := $(VENV)/.installed
 
 .PHONY: setup proto proto-check lint fmt typecheck buf-check breaking check test test-unit test-integration \
-        up down status demo bench clean lock reranker-model deploy-check chaos gpu-check
+        up down status demo bench clean lock reranker-model deploy-check chaos gpu-check peer-bench
 
 setup: $(STAMP)
 
@@ -115,6 +115,19 @@ bench: setup
 	$(PY) -m bench.search_bench --dataset $(SCIFACT) --json
 	$(PY) -m bench.rerank_bench --dataset $(SCIFACT) --json
 	$(PY) -m bench.scale_bench --dataset $(SCIFACT)
+
+# ragmesh against Haystack and LanceDB on SciFact with the same vectors (docs/BENCHMARKS.md, "Against
+# the peers"). Installs the pyproject `bench` extra alone (the lock as constraints, so nothing the
+# services run changes); GATEWAY=HOST:PORT of a running mesh holding SciFact in PEER_COLLECTION.
+GATEWAY ?=
+PEER_COLLECTION ?= scifact
+PEER_BENCH_ARGS ?=
+peer-bench: setup
+	@mkdir -p .cache
+	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["bench"]))' > .cache/bench-extra.txt
+	$(PY) -m pip install --quiet -c requirements.lock -r .cache/bench-extra.txt
+	$(PY) -m bench.peer_bench --dataset $(SCIFACT) $(if $(GATEWAY),--gateway $(GATEWAY)) \
+		--collection $(PEER_COLLECTION) --json $(PEER_BENCH_ARGS)
 
 # The GPU tiers in one command (under 8 minutes on a machine with an NVIDIA GPU): onnxruntime-gpu and
 # vLLM in their own venvs under .cache/gpu-venv/, the embedder and reranker on CUDA next to the CPU,
