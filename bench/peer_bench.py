@@ -31,9 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -41,15 +39,17 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.peer_load import AsyncSearch, run_tasks, run_threads
+
 # Answer.chunk_ids holds a system's ranked documents here (every system answers with documents).
+from bench.peers import SyncSearch, build_haystack, build_lancedb, progress, top_documents
 from bench.search_bench import Answer, LoadRun, summary
 from meshkit.ids import sha256_file
 from meshkit.settings import EmbedderSettings, PlannerSettings
@@ -76,13 +76,6 @@ CALL_TIMEOUT_S = 60.0
 CHUNK_NAMESPACE = "peer-bench"
 # The issue's goals: ragmesh's p50 at most this many times the faster peer's.
 P50_GOAL_RATIO = 1.5
-
-SyncSearch = Callable[[str], list[str]]
-AsyncSearch = Callable[[str], Awaitable[list[str]]]
-
-
-def progress(message: str) -> None:
-    print(f"[peer-bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 # ---------------------------------------------------------------------------- corpus
@@ -181,101 +174,6 @@ def passage_vectors(
 # ---------------------------------------------------------------------------- the peers
 
 
-def top_documents(doc_ids: Iterable[str], k: int = DEFAULT_TOP_K) -> list[str]:
-    """A fused chunk ranking as the first ``k`` documents (each at its best chunk)."""
-    return metrics.first_occurrence(doc_ids)[:k]
-
-
-def query_vector(model: EmbeddingModel, query: str) -> np.ndarray:
-    return model.embed([query], TextKind.QUERY)[0][0]
-
-
-def build_haystack(
-    model: EmbeddingModel, chunks: Sequence[Passage], vectors: np.ndarray, pool: int
-) -> SyncSearch:
-    # Imported here: the peers are a bench extra. No telemetry (and no network on CI machines).
-    os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
-    from haystack import Document, Pipeline, component
-    from haystack.components.joiners import DocumentJoiner
-    from haystack.components.retrievers.in_memory import InMemoryBM25Retriever, InMemoryEmbeddingRetriever
-    from haystack.document_stores.in_memory import InMemoryDocumentStore
-
-    @component
-    class QueryEmbedder:
-        """The project's ONNX model as a Haystack text embedder (no model hub here)."""
-
-        @component.output_types(embedding=list[float])
-        def run(self, text: str) -> dict[str, list[float]]:
-            return {"embedding": query_vector(model, text).tolist()}
-
-    # Vectors are L2-normalised: dot product is cosine. Results need no embeddings back.
-    store = InMemoryDocumentStore(embedding_similarity_function="dot_product", return_embedding=False)
-    started = time.perf_counter()
-    store.write_documents(
-        [
-            Document(id=c.chunk_id, content=c.text, embedding=v.tolist(), meta={"doc_id": c.doc_id})
-            for c, v in zip(chunks, vectors, strict=True)
-        ]
-    )
-    progress(f"haystack: {store.count_documents()} chunks written in {time.perf_counter() - started:.1f}s")
-    pipeline = Pipeline()
-    pipeline.add_component("embedder", QueryEmbedder())
-    pipeline.add_component("bm25", InMemoryBM25Retriever(store, top_k=pool))
-    pipeline.add_component("dense", InMemoryEmbeddingRetriever(store, top_k=pool))
-    pipeline.add_component("joiner", DocumentJoiner(join_mode="reciprocal_rank_fusion"))
-    pipeline.connect("embedder.embedding", "dense.query_embedding")
-    pipeline.connect("bm25.documents", "joiner.documents")
-    pipeline.connect("dense.documents", "joiner.documents")
-
-    def search(query: str) -> list[str]:
-        out = pipeline.run({"embedder": {"text": query}, "bm25": {"query": query}})
-        return top_documents(d.meta["doc_id"] for d in out["joiner"]["documents"])
-
-    return search
-
-
-def build_lancedb(
-    model: EmbeddingModel, chunks: Sequence[Passage], vectors: np.ndarray, pool: int, workdir: Path
-) -> SyncSearch:
-    import lancedb
-    import pyarrow as pa
-    from lancedb.index import FTS
-    from lancedb.rerankers import RRFReranker
-
-    started = time.perf_counter()
-    db = lancedb.connect(str(workdir))
-    data = pa.table(
-        {
-            "chunk_id": [c.chunk_id for c in chunks],
-            "doc_id": [c.doc_id for c in chunks],
-            "text": [c.text for c in chunks],
-            "vector": pa.FixedSizeListArray.from_arrays(
-                pa.array(vectors.astype(np.float32).ravel()), vectors.shape[1]
-            ),
-        }
-    )
-    table = db.create_table("chunks", data=data)
-    table.create_index("text", config=FTS())
-    progress(
-        f"lancedb: {table.count_rows()} chunks written and full-text indexed in "
-        f"{time.perf_counter() - started:.1f}s"
-    )
-    reranker = RRFReranker()
-
-    def search(query: str) -> list[str]:
-        found = (
-            table.search(query_type="hybrid")
-            .vector(query_vector(model, query))
-            .text(query)
-            .rerank(reranker)
-            .limit(pool)
-            .to_arrow()
-        )
-        return top_documents(found.column("doc_id").to_pylist())
-
-    return search
-
-
 def ragmesh_search(
     stub: gateway_pb2_grpc.GatewayServiceStub, collection: str, degraded: Counter[str]
 ) -> AsyncSearch:
@@ -291,72 +189,6 @@ def ragmesh_search(
         return top_documents(r.doc_id for r in reply.results)
 
     return search
-
-
-# ---------------------------------------------------------------------------- load
-
-
-@dataclass
-class Cursor:
-    """Hands out query indexes to the clients of one run: every query once (``deadline`` None) or
-    round and round until the deadline."""
-
-    count: int
-    deadline: float | None
-    _taken: Iterator[int] = dataclasses.field(default_factory=itertools.count)
-
-    def take(self) -> int | None:
-        i = next(self._taken)  # atomic: threads never get the same index
-        if self.deadline is None:
-            return i if i < self.count else None
-        return i % self.count if time.perf_counter() < self.deadline else None
-
-
-def run_threads(
-    search: SyncSearch, queries: Sequence[str], concurrency: int, seconds: float | None
-) -> LoadRun:
-    """``concurrency`` threads searching; answers are kept for a pass of every query once."""
-    latencies: list[float] = []
-    answers: dict[int, Answer] = {}
-    started = time.perf_counter()
-    cursor = Cursor(len(queries), None if seconds is None else started + seconds)
-
-    def client() -> None:
-        while (i := cursor.take()) is not None:
-            begun = time.perf_counter()
-            docs = search(queries[i])
-            latencies.append(time.perf_counter() - begun)
-            if seconds is None:
-                answers[i] = Answer(tuple(docs), False)
-
-    with ThreadPoolExecutor(concurrency, thread_name_prefix="client") as pool:
-        clients = [pool.submit(client) for _ in range(concurrency)]
-        for done in clients:
-            done.result()  # a failed search fails the run instead of leaving fewer clients
-    wall = time.perf_counter() - started
-    return LoadRun(latencies, wall, [answers[i] for i in sorted(answers)])
-
-
-async def run_tasks(
-    search: AsyncSearch, queries: Sequence[str], concurrency: int, seconds: float | None
-) -> LoadRun:
-    """The asyncio twin of ``run_threads``, for the gateway's client."""
-    latencies: list[float] = []
-    answers: dict[int, Answer] = {}
-    started = time.perf_counter()
-    cursor = Cursor(len(queries), None if seconds is None else started + seconds)
-
-    async def client() -> None:
-        while (i := cursor.take()) is not None:
-            begun = time.perf_counter()
-            docs = await search(queries[i])
-            latencies.append(time.perf_counter() - begun)
-            if seconds is None:
-                answers[i] = Answer(tuple(docs), False)
-
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    wall = time.perf_counter() - started
-    return LoadRun(latencies, wall, [answers[i] for i in sorted(answers)])
 
 
 @dataclass

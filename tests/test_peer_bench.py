@@ -18,9 +18,6 @@ from bench.peer_bench import (
     HAYSTACK,
     LANCEDB,
     RAGMESH,
-    Cursor,
-    build_haystack,
-    build_lancedb,
     cache_key,
     cached_vectors,
     comparison,
@@ -29,9 +26,10 @@ from bench.peer_bench import (
     main,
     ndcg_scores,
     pass_order,
-    run_threads,
     system_figures,
 )
+from bench.peer_load import Cursor, run_threads
+from bench.peers import build_haystack, build_lancedb
 from bench.search_bench import Answer, LoadRun
 from meshkit.settings import EmbedderSettings
 from ragmesh_cli.evaluation import load_dataset
