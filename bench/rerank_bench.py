@@ -91,12 +91,10 @@ class ModelSpec:
 def served_spec(model_dir: Path) -> ModelSpec:
     """The model as the reranker service serves it by default (RAGMESH_RERANKER_* settings)."""
     settings = RerankerSettings()
-    return ModelSpec(
-        model_dir,
-        settings.reranker_max_tokens,
-        settings.reranker_passage_window,
-        settings.reranker_window_head_tokens,
-    )
+    window = settings.reranker_passage_window
+    # Opening tokens only matter to overlap windows: a head window served with any is the same.
+    head = settings.reranker_window_head_tokens if window == "overlap" else 0
+    return ModelSpec(model_dir, settings.reranker_max_tokens, window, head)
 
 
 @dataclass(frozen=True)

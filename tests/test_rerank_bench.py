@@ -97,6 +97,10 @@ def test_the_default_is_the_model_as_the_service_serves_it(monkeypatch: pytest.M
     assert served != rerank_bench.ModelSpec(MODEL_DIR)
     model = served.load()
     assert (model.max_tokens, model.window, model.window_head_tokens) == (128, "overlap", 16)
+    # Served at full length with head windows it is the quality option itself: nothing to measure.
+    monkeypatch.setenv("RAGMESH_RERANKER_MAX_TOKENS", "0")
+    monkeypatch.setenv("RAGMESH_RERANKER_PASSAGE_WINDOW", "head")
+    assert rerank_bench.served_spec(MODEL_DIR) == rerank_bench.ModelSpec(MODEL_DIR)
 
 
 @pytest.mark.parametrize("text", ["160:overlap:32", "160:middle:32:35", "x:head:0:35", "160:head:-1:35"])
