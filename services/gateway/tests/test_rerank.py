@@ -89,7 +89,7 @@ async def test_rerank_candidates_bounds_what_is_sent_and_the_rest_follow_in_fuse
     assert rerank_scores(response) == {"c0": -1.0, "c2": None, "c4": None, "c1": None, "c3": None}
     assert [r.fused_rank for r in response.results] == [1, 2, 3, 4, 5]
     # The reranker's best is the fused first: the fused order stands (keep_fused_margin).
-    assert not response.reranked
+    assert response.reranked
 
     response = await search(gateway, rerank=True, rerank_candidates=3)
     assert [NAME_OF[p.id] for p in gateway.fakes.requests["reranker"][-1].passages] == ["c0", "c2", "c4"]
@@ -282,7 +282,8 @@ async def test_the_fused_order_stands_when_the_reranker_finds_its_first_close_to
         gateway.fakes.rerank_scores["c0"] = first_score
         response = await search(gateway)
     assert not response.degradations
-    assert response.reranked is not kept
+    # Judged either way: the fused order standing is the reranker's decision, not a failure.
+    assert response.reranked
     assert names(response) == (FUSED if kept else ["c3", "c1", "c0", "c4", "c2"])
     # Kept or not, every candidate that passed carries its score (Ask's evidence gate reads them).
     expected_scores = {**RERANK_SCORES, "c0": first_score, "c2": None}
