@@ -704,7 +704,7 @@ class Searcher:
                 deadline=self._reply_deadline(),
                 fused_weight=self.settings.gateway_rerank_fused_weight,
                 rrf_k=params.rrf_k,
-                keep_fused_margin=self.settings.gateway_rerank_keep_fused_margin,
+                keep_fused_margin=params.keep_fused_margin,
             )
         except DownstreamError as exc:
             degradations.add_error(RERANKER, exc)

@@ -39,6 +39,8 @@ class SearchParams:
     rerank: bool = False
     # 0: by the plan's strategy.
     rerank_candidates: int = 0
+    # The reranker's keep-fused margin (log-odds); the server default unless the request set one.
+    keep_fused_margin: float = 0.0
     # Unspecified: the planner's default.
     hyde_mode: planner_pb2.HydeMode = planner_pb2.HYDE_MODE_UNSPECIFIED
     # Metadata filter clauses (all must hold); empty: none.
@@ -52,6 +54,10 @@ class SearchParams:
     def filter_pb(self) -> common_pb2.MetadataFilter:
         """The filter as every leg receives it."""
         return clauses_to_pb(self.metadata_filter)
+
+
+# Log-odds: beyond this every reranking would give way to the fused order.
+MAX_KEEP_FUSED_MARGIN = 100.0
 
 
 def _bounded(value: int, limit: int, what: str) -> int:
@@ -113,6 +119,13 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
     if rrf_k < 1:
         raise invalid_argument(f"rrf_k must be >= 1, got {rrf_k}")
     _validate_history(list(request.history), settings)
+    margin = (
+        request.keep_fused_margin
+        if request.HasField("keep_fused_margin")
+        else settings.gateway_rerank_keep_fused_margin
+    )
+    if not 0.0 <= margin <= MAX_KEEP_FUSED_MARGIN:  # also refuses NaN
+        raise invalid_argument(f"keep_fused_margin must be in [0, {MAX_KEEP_FUSED_MARGIN}], got {margin}")
     return SearchParams(
         collection=collection,
         query=request.query,
@@ -127,6 +140,7 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
         pool_size=pool_size,
         rerank=request.rerank if request.HasField("rerank") else settings.gateway_rerank,
         rerank_candidates=rerank_candidates,
+        keep_fused_margin=margin,
         hyde_mode=request.hyde_mode,
         metadata_filter=_metadata_filter(request.filter),
         history=tuple(request.history),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from meshkit.objectstore import ObjectStore
-from meshkit.settings import MeshSettings, RerankerSettings
+from meshkit.settings import GatewaySettings, MeshSettings, RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2
@@ -27,6 +27,8 @@ from .test_gateway import request, search
 from .test_ingest import INDEXED, new_collection
 
 pytestmark = pytest.mark.integration
+# The gateway's keep-fused margin as the test stack runs it (the settings' default).
+SERVER_MARGIN = GatewaySettings().gateway_rerank_keep_fused_margin
 
 # A known case from SciFact's test split (claim 212 and five abstracts from its corpus, kept in
 # data/rerank_case.jsonl): fusion ranks the abstract that answers last of five, because the
@@ -61,8 +63,13 @@ async def corpus(stack: Stack) -> str:
     return await ingest_case(stack)
 
 
-def question(collection: str, rerank: bool) -> pb.SearchRequest:
-    return request(collection, QUESTION, collapse_documents=True, top_k=len(DOCS), rerank=rerank)
+def question(collection: str, rerank: bool, margin: float | None = 0.0) -> pb.SearchRequest:
+    """The hard case. Margin 0 by default: these tests are about the reranker's own order (the
+    server's keep-fused margin has its own test below)."""
+    asked = request(collection, QUESTION, collapse_documents=True, top_k=len(DOCS), rerank=rerank)
+    if margin is not None:
+        asked.keep_fused_margin = margin
+    return asked
 
 
 def reranker_degradations(response: pb.SearchResponse) -> list[pb.Degradation]:
@@ -90,6 +97,21 @@ async def test_rerank_lifts_the_answer(corpus: str, gateway: gateway_pb2_grpc.Ga
     by_doc = {r.doc_id: i + 1 for i, r in enumerate(fused.results)}
     assert all(r.fused_rank == by_doc[r.doc_id] for r in reranked.results)
     assert "rerank" in {t.stage for t in reranked.timings}
+
+
+async def test_the_servers_margin_keeps_the_fused_order_only_on_a_near_tie(
+    corpus: str, gateway: gateway_pb2_grpc.GatewayServiceStub
+) -> None:
+    fused = await search(gateway, question(corpus, rerank=False), timeout=30)
+    judged = await search(gateway, question(corpus, rerank=True, margin=None), timeout=30)
+    assert judged.reranked and not reranker_degradations(judged)
+    scores = {r.doc_id: r.rerank_score for r in judged.results if r.HasField("rerank_score")}
+    first = fused.results[0].doc_id
+    near_tie = first in scores and max(scores.values()) - scores[first] <= SERVER_MARGIN
+    if near_tie:
+        assert [r.doc_id for r in judged.results] == [r.doc_id for r in fused.results], scores
+    else:
+        assert position(judged, ANSWER) <= 2, scores
 
 
 async def test_reranker_killed_gives_fused_order_then_recovers(

@@ -292,6 +292,15 @@ async def test_the_fused_order_stands_when_the_reranker_finds_its_first_close_to
 
 async def test_a_margin_of_zero_always_takes_the_rerankers_order() -> None:
     async with running_gateway(gateway_rerank=True, gateway_rerank_keep_fused_margin=0.0) as gateway:
-        gateway.fakes.rerank_scores["c0"] = 3.0  # a tie with the best
+        gateway.fakes.rerank_scores["c0"] = 2.9  # a near tie with the best (c3, 3.0)
         response = await search(gateway)
-    assert response.reranked and names(response)[0] in {"c0", "c3"}
+    assert response.reranked and names(response)[:2] == ["c3", "c0"]
+
+
+async def test_a_request_sets_its_own_margin() -> None:
+    async with running_gateway(gateway_rerank=True, gateway_rerank_keep_fused_margin=1.0) as gateway:
+        gateway.fakes.rerank_scores["c0"] = 2.9
+        kept = await search(gateway)
+        reordered = await search(gateway, keep_fused_margin=0.0)
+    assert names(kept) == FUSED
+    assert names(reordered)[:2] == ["c3", "c0"]

@@ -70,6 +70,12 @@ def test_request_overrides_and_zero_weight_disables() -> None:
     assert params.doc_ids == ["a.md"]
 
 
+def test_the_keep_fused_margin_is_the_servers_unless_the_request_sets_one() -> None:
+    assert validate_search(request(), SETTINGS).keep_fused_margin == SETTINGS.gateway_rerank_keep_fused_margin
+    assert validate_search(request(keep_fused_margin=0.0), SETTINGS).keep_fused_margin == 0.0
+    assert validate_search(request(keep_fused_margin=2.5), SETTINGS).keep_fused_margin == 2.5
+
+
 @pytest.mark.parametrize(
     ("fields", "fragment"),
     [
@@ -89,6 +95,9 @@ def test_request_overrides_and_zero_weight_disables() -> None:
         ({"rrf_k": 0}, "rrf_k"),
         ({"strategy": 7}, "strategy"),
         ({"rerank_candidates": 51}, "rerank_candidates"),
+        ({"keep_fused_margin": -0.5}, "keep_fused_margin"),
+        ({"keep_fused_margin": 101.0}, "keep_fused_margin"),
+        ({"keep_fused_margin": math.nan}, "keep_fused_margin"),
     ],
 )
 def test_invalid_requests_are_invalid_argument(fields: dict[str, Any], fragment: str) -> None:

@@ -85,7 +85,7 @@ class LegWeights(_message.Message):
     def __init__(self, dense: _Optional[float] = ..., bm25: _Optional[float] = ..., exact: _Optional[float] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size", "rerank", "rerank_candidates", "hyde_mode", "filter", "history")
+    __slots__ = ("collection", "query", "top_k", "doc_ids", "collapse_documents", "rrf_k", "weights", "strategy", "max_variations", "include_leg_results", "pool_size", "rerank", "rerank_candidates", "hyde_mode", "filter", "history", "keep_fused_margin")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class SearchRequest(_message.Message):
     HYDE_MODE_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FUSED_MARGIN_FIELD_NUMBER: _ClassVar[int]
     collection: str
     query: str
     top_k: int
@@ -118,7 +119,8 @@ class SearchRequest(_message.Message):
     hyde_mode: _planner_pb2.HydeMode
     filter: _common_pb2.MetadataFilter
     history: _containers.RepeatedCompositeFieldContainer[_narrator_pb2.ChatTurn]
-    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ..., rerank: _Optional[bool] = ..., rerank_candidates: _Optional[int] = ..., hyde_mode: _Optional[_Union[_planner_pb2.HydeMode, str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ..., history: _Optional[_Iterable[_Union[_narrator_pb2.ChatTurn, _Mapping]]] = ...) -> None: ...
+    keep_fused_margin: float
+    def __init__(self, collection: _Optional[str] = ..., query: _Optional[str] = ..., top_k: _Optional[int] = ..., doc_ids: _Optional[_Iterable[str]] = ..., collapse_documents: _Optional[bool] = ..., rrf_k: _Optional[int] = ..., weights: _Optional[_Union[LegWeights, _Mapping]] = ..., strategy: _Optional[_Union[_planner_pb2.Strategy, str]] = ..., max_variations: _Optional[int] = ..., include_leg_results: _Optional[bool] = ..., pool_size: _Optional[int] = ..., rerank: _Optional[bool] = ..., rerank_candidates: _Optional[int] = ..., hyde_mode: _Optional[_Union[_planner_pb2.HydeMode, str]] = ..., filter: _Optional[_Union[_common_pb2.MetadataFilter, _Mapping]] = ..., history: _Optional[_Iterable[_Union[_narrator_pb2.ChatTurn, _Mapping]]] = ..., keep_fused_margin: _Optional[float] = ...) -> None: ...
 
 class LegRank(_message.Message):
     __slots__ = ("leg", "rank", "score")
