@@ -150,6 +150,9 @@ class Backends:
             await downstream.close()
 
 
+INDEX_TEXT = "passage text from the index"
+
+
 def _hits(raw: Sequence[Any]) -> list[Hit]:
     return [Hit(h.chunk_id, h.doc_id, h.score) for h in raw]
 
@@ -811,11 +814,14 @@ class Searcher:
         is late, one per index shard from their stored payload. Without either the results all
         go out bare (a partly hydrated list would be reranked and shown inconsistently); chunks
         deleted since the legs saw them (or without a stored payload) are dropped."""
+        sparse = self.backends.sparse
         chunks = {f.chunk_id: known[f.chunk_id] for f in top if f.chunk_id in known}
         missing = [f.chunk_id for f in top if f.chunk_id not in chunks]
         if not missing:
+            if chunks and (SPARSE, sparse.target) in degradations.items:
+                # Sparse's legs failed: every text shown is an index payload, as the fallback's.
+                degradations.note_fallback(SPARSE, sparse.target, INDEX_PAYLOAD, INDEX_TEXT)
             return top, chunks
-        sparse = self.backends.sparse
         request = sparse_pb2.GetChunksRequest(collection=params.collection, chunk_ids=missing)
         end = self._reply_deadline()
         timeout = self.settings.gateway_hydrate_sparse_share * (end - time.monotonic())
@@ -826,7 +832,7 @@ class Searcher:
             fetched = await self._index_payloads(params.collection, missing, end, degradations)
             if fetched is None:
                 return top, {}
-            degradations.note_fallback(SPARSE, sparse.target, INDEX_PAYLOAD, "passage text from the index")
+            degradations.note_fallback(SPARSE, sparse.target, INDEX_PAYLOAD, INDEX_TEXT)
         else:
             fetched = {c.chunk_id: c for c in reply.chunks}
         chunks.update(fetched)

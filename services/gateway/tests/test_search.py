@@ -204,6 +204,18 @@ async def test_only_results_the_legs_sent_no_text_for_are_hydrated(gateway: Gate
     assert not response.degradations
 
 
+async def test_sparse_down_texts_come_from_the_dense_legs_payloads_and_say_so(gateway: Gateway) -> None:
+    gateway.fakes.leg_texts = True
+    gateway.fakes.behaviour["bm25"] = gateway.fakes.behaviour["exact"] = "fail"
+    response = await search(gateway, top_k=4, rerank=False)
+    assert names(response) == ["c0", "c1", "c2", "c3"]
+    assert [r.text for r in response.results] == [f"payload of c{i}" for i in range(4)]
+    # No hydration call at all, and the sparse degradation names where the text came from.
+    assert gateway.fakes.calls["chunks"] == gateway.fakes.calls["index-chunks"] == 0
+    (degraded,) = response.degradations
+    assert degraded.stage == pb.STAGE_SPARSE and degraded.fallback == pb.FALLBACK_INDEX_PAYLOAD
+
+
 async def test_unknown_collection_is_not_found(gateway: Gateway) -> None:
     for key in ("index-0", "index-1", "bm25", "exact"):
         gateway.fakes.behaviour[key] = "missing"
