@@ -54,7 +54,8 @@ from ragmesh_cli import metrics
 from ragmesh_cli.evaluation import load_dataset
 from ragmesh_cli.rerankerbuild.export import write_manifest
 from ragmesh_cli.rerankerbuild.mining import Corpus, bm25_collection, chunk_corpus, read_beir_corpus
-from services.gateway.fusion import Fused, blend_reranked
+from services.gateway.fusion import Fused
+from services.gateway.rerank import final_order
 from services.reranker.model import CrossEncoderModel
 from services.reranker.selection import select
 from services.reranker.servicer import build_spec
@@ -64,6 +65,10 @@ RESULTS = Path("bench/results/rerank.json")
 # Pairs per raw measurement: two model runs of 64, the service's batch size.
 RAW_PAIRS = 128
 
+
+# Read once: the in-process second stage runs per query, and settings parse the environment.
+RERANKER_DEFAULTS = RerankerSettings()
+GATEWAY_DEFAULTS = GatewaySettings()
 
 # The issue's reranker figure: one claim's candidates at concurrency 1.
 SUMMARY_CANDIDATES = 35
@@ -316,27 +321,25 @@ def reranked_order(
     weight: float,
     keep_fused_margin: float = 0.0,
 ) -> list[str]:
-    """The gateway's second stage on scored candidates (services.gateway.rerank): those passing
-    the threshold in the blend of the reranker's and the fused order, those under it after them
-    in fused order (all in fused order when none passes, or when the fused first scores within
-    ``keep_fused_margin`` of the best), then the candidates not reranked."""
-    settings = RerankerSettings()
+    """The gateway's second stage on scored candidates: the reranker's threshold and fallback
+    (``services.reranker.selection``) and the gateway's final order
+    (``services.gateway.rerank.final_order``), then the candidates not reranked."""
     head = results[:count]
-    chosen = select(scores, settings.reranker_min_score, settings.reranker_fallback_count, 0)
-    first_holds = (
-        keep_fused_margin > 0
-        and scores[0] >= settings.reranker_min_score
-        and max(scores) - scores[0] <= keep_fused_margin
+    chosen = select(scores, RERANKER_DEFAULTS.reranker_min_score, len(head), 0)
+    items = [Fused(r.chunk_id, r.doc_id, r.fused_score, fused_rank=i + 1) for i, r in enumerate(head)]
+    scored = [items[i] for i in chosen.order]
+    if not chosen.fallback:
+        for i in chosen.order:
+            items[i].rerank_score = scores[i]
+    final = final_order(
+        items,
+        scored,
+        chosen.fallback,
+        fused_weight=weight,
+        rrf_k=GATEWAY_DEFAULTS.gateway_rrf_k,
+        keep_fused_margin=keep_fused_margin,
     )
-    if chosen.fallback or first_holds:
-        return [r.doc_id for r in results]
-    items = [
-        Fused(head[i].chunk_id, head[i].doc_id, head[i].fused_score, fused_rank=i + 1) for i in chosen.order
-    ]
-    passed = set(chosen.order)
-    failed = [r.doc_id for i, r in enumerate(head) if i not in passed]
-    blended = [f.doc_id for f in blend_reranked(items, weight, GatewaySettings().gateway_rrf_k)]
-    return blended + failed + [r.doc_id for r in results[count:]]
+    return [f.doc_id for f in final.results] + [r.doc_id for r in results[count:]]
 
 
 def rerank_run(
@@ -348,7 +351,7 @@ def rerank_run(
 ) -> tuple[list[str], float]:
     """The gateway's second stage in process: score, threshold/fallback, blend, then the rest."""
     scores, elapsed = rerank_scores(model, query, results, count)
-    margin = GatewaySettings().gateway_rerank_keep_fused_margin
+    margin = GATEWAY_DEFAULTS.gateway_rerank_keep_fused_margin
     return reranked_order(results, count, scores, weight, margin), elapsed
 
 

@@ -83,16 +83,38 @@ async def rerank(
             )
         item.rerank_score = result.score
         ordered.append(item)
-    if reply.fallback:
-        return Reranked(ordered, reranked=False)
-    if _fused_first_holds(candidates[0], ordered, keep_fused_margin):
+    return final_order(
+        candidates,
+        ordered,
+        reply.fallback,
+        fused_weight=fused_weight,
+        rrf_k=rrf_k,
+        keep_fused_margin=keep_fused_margin,
+    )
+
+
+def final_order(
+    candidates: Sequence[Fused],
+    scored: list[Fused],
+    fallback: bool,
+    *,
+    fused_weight: float,
+    rrf_k: float,
+    keep_fused_margin: float,
+) -> Reranked:
+    """The order a search answers with, from the reranker's reply: ``scored`` are the passing
+    candidates best first (their ``rerank_score`` set), or on a ``fallback`` every candidate in
+    fused order. Pure, so the offline benchmarks apply exactly these rules."""
+    if fallback:
+        return Reranked(scored, reranked=False)
+    if _fused_first_holds(candidates[0], scored, keep_fused_margin):
         # Judged, and the judgement is that fusion had it right.
         return Reranked(list(candidates), reranked=True)
     # Candidates under the threshold are not dropped but placed after those that pass, in fused
     # order: a search still answers top_k results (dropping them cost 0.05 Recall@100 on SciFact).
-    passed = {item.chunk_id for item in ordered}
+    passed = {item.chunk_id for item in scored}
     failed = [item for item in candidates if item.chunk_id not in passed]
-    return Reranked([*blend_reranked(ordered, fused_weight, rrf_k), *failed], reranked=True)
+    return Reranked([*blend_reranked(scored, fused_weight, rrf_k), *failed], reranked=True)
 
 
 def _fused_first_holds(first: Fused, scored: Sequence[Fused], margin: float) -> bool:
