@@ -742,15 +742,4 @@ def stated_answer(chosen: list[narrator_pb2.Fact], sources: list[narrator_pb2.So
     for fact in chosen:
         text = _recited(fact.text, [fact.source])
         answer.sentences.append(narrator_pb2.Sentence(text=text, sources=[fact.source]))
-        source = sources[fact.source - 1]
-        answer.citations.append(
-            narrator_pb2.Citation(
-                number=fact.source,
-                source_id=source.id,
-                doc_id=source.doc_id,
-                title=source.title,
-                snippet=source.snippet,
-            )
-        )
-    answer.text = " ".join(s.text for s in answer.sentences)
-    return answer
+    return with_sentences(answer, list(answer.sentences), sources)

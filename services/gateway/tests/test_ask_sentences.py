@@ -127,6 +127,8 @@ async def test_an_llm_answer_that_cites_none_of_the_strongest_passages_gives_way
     async with judged(scores) as gateway:
         response = await gateway.stub.Ask(ask(gateway_pb2.ANSWER_MODE_LLM), timeout=10)
     assert response.answer == "Vitamin D reduced hip fractures in a trial [1]. Compliance was high [1]."
+    # Two sentences of one passage: the passage is listed once.
+    assert [(c.number, NAME_OF[c.chunk_id]) for c in response.citations] == [(1, "c3")]
     assert response.mode == gateway_pb2.ANSWER_MODE_EXTRACTIVE
     assert any(
         (d.stage, d.reason) == (gateway_pb2.STAGE_NARRATOR, gateway_pb2.DEGRADATION_REASON_INVALID_OUTPUT)
@@ -160,5 +162,6 @@ async def test_an_llm_ask_whose_narrator_is_down_states_the_judged_sentences() -
         response = await gateway.stub.Ask(ask(gateway_pb2.ANSWER_MODE_LLM), timeout=10)
     # Not the best facts of distinct passages: the passages the judge found strongest.
     assert response.answer == "Vitamin D reduced hip fractures in a trial [1]. Compliance was high [1]."
+    assert [(c.number, NAME_OF[c.chunk_id]) for c in response.citations] == [(1, "c3")]
     assert response.mode == gateway_pb2.ANSWER_MODE_EXTRACTIVE
     assert gateway_pb2.STAGE_NARRATOR in {d.stage for d in response.degradations}
