@@ -15,6 +15,7 @@ from meshkit.settings import GatewaySettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.narrator.v1 import narrator_pb2
 from services.gateway import metrics
+from services.gateway.answer_text import preview
 from services.gateway.ask import (
     EXTRACTOR,
     NARRATOR,
@@ -24,7 +25,6 @@ from services.gateway.ask import (
     Delta,
     Done,
     Progress,
-    preview,
 )
 from services.gateway.fusion import Fused, Hit
 from services.gateway.rerank import RERANKER

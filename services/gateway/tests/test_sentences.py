@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.gateway.ask import bound_sources, quoted
+from services.gateway.answer_text import bound_sources, quoted
 from services.gateway.sentences import (
     Candidate,
     Scored,
