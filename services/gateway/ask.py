@@ -33,8 +33,10 @@ from services.gateway.answer_text import (
     selection_facts,
     snippet_facts,
 )
+from services.gateway.degradations import ERROR, REASON_OF, Degradation
 from services.gateway.judge import SentenceJudge
-from services.gateway.search import ERROR, REASON_OF, Degradation, Searcher, SearchOutcome
+from services.gateway.metrics import ms
+from services.gateway.search import Searcher, SearchOutcome
 from services.gateway.sentences import Selection, SelectionRules
 from services.gateway.support import NARRATOR, SupportCheck, unchecked
 from services.gateway.validation import SearchParams
@@ -97,10 +99,6 @@ class Done:
 
 
 AskEvent = Progress | Delta | Done
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 3)
 
 
 @contextlib.contextmanager
@@ -193,7 +191,7 @@ class Asker:
             params, search=dataclasses.replace(params.search, query=searched.plan.searched_query)
         )
         timings.update(searched.timings)
-        timings["search"] = timings.pop("total", _ms(time.perf_counter() - started))
+        timings["search"] = timings.pop("total", ms(time.perf_counter() - started))
         evidence = self._evidence(searched, params)
         yield Progress("search", timings["search"], len(evidence))
 
@@ -211,7 +209,7 @@ class Asker:
                 judge_started = time.perf_counter()
                 selection = await self._select(params, evidence, searched.unknown_terms, degradations)
                 if selection is not None:
-                    timings["judge"] = _ms(time.perf_counter() - judge_started)
+                    timings["judge"] = ms(time.perf_counter() - judge_started)
                 if selection is not None and not selection.answered:
                     gate_reason = gate_refusal(searched.unknown_terms)
                 elif selection is not None and params.mode == EXTRACTIVE:
@@ -221,7 +219,7 @@ class Asker:
                     facts = await self._extract(params, evidence, degradations)
                     if selection is not None and self.support is not None:
                         facts = await self.support.facts(facts, evidence, selection, degradations)
-            timings["extract"] = _ms(time.perf_counter() - extract_started)
+            timings["extract"] = ms(time.perf_counter() - extract_started)
             yield Progress("extract", timings["extract"], len(facts))
 
         narrate_started = time.perf_counter()
@@ -237,9 +235,9 @@ class Asker:
             if selection is not None and self.support is not None:
                 support_started = time.perf_counter()
                 answer = await self.support.answer(answer, request, evidence, selection, degradations)
-                timings["support"] = _ms(time.perf_counter() - support_started)
-        timings["narrate"] = _ms(time.perf_counter() - narrate_started)
-        timings["total"] = _ms(time.perf_counter() - started)
+                timings["support"] = ms(time.perf_counter() - support_started)
+        timings["narrate"] = ms(time.perf_counter() - narrate_started)
+        timings["total"] = ms(time.perf_counter() - started)
         for stage in ("extract", "narrate"):
             if stage in timings:
                 metrics.STAGE_SECONDS.labels(stage).observe(timings[stage] / 1000)

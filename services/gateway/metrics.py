@@ -30,3 +30,8 @@ ASK_SECONDS = Histogram(
     ["outcome"],
     buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120),
 )
+
+
+def ms(seconds: float) -> float:
+    """A stage's time as reported in responses and logs: milliseconds, to the microsecond."""
+    return round(seconds * 1000, 3)

@@ -26,9 +26,7 @@ from services.gateway.ask import (
     Done,
     Progress,
 )
-from services.gateway.fusion import Fused, Hit
-from services.gateway.rerank import RERANKER
-from services.gateway.search import (
+from services.gateway.degradations import (
     BREAKER_OPEN,
     DEADLINE,
     EMBEDDER,
@@ -41,9 +39,10 @@ from services.gateway.search import (
     SPARSE,
     UNAVAILABLE,
     Degradation,
-    Searcher,
-    SearchOutcome,
 )
+from services.gateway.fusion import Fused, Hit
+from services.gateway.rerank import RERANKER
+from services.gateway.search import Searcher, SearchOutcome
 from services.gateway.validation import BM25, DENSE, EXACT, SearchParams, validate_ask, validate_search
 
 LEG_PB = {DENSE: gateway_pb2.LEG_DENSE, BM25: gateway_pb2.LEG_BM25, EXACT: gateway_pb2.LEG_EXACT}

@@ -26,9 +26,9 @@ from services.gateway.answer_text import (
     stated_answer,
     with_sentences,
 )
+from services.gateway.degradations import ERROR, INVALID_OUTPUT, REASON_OF, Degradation
 from services.gateway.judge import SentenceJudge
 from services.gateway.rerank import RERANKER
-from services.gateway.search import ERROR, INVALID_OUTPUT, REASON_OF, Degradation
 from services.gateway.sentences import Selection, SupportRules
 
 NARRATOR = "narrator"

@@ -1,0 +1,103 @@
+"""Hydration: the text, title, location, source and metadata of a search's results. The legs
+send their first hits' text; the rest comes from sparse, or, when it fails or is late, from the
+index shards' stored payloads (a degradation with fallback ``index_payload``), so answers do not
+depend on one sparse process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from meshkit.client import DownstreamError
+from meshkit.ids import shard_of
+from ragmesh.index.v1 import index_pb2
+from ragmesh.sparse.v1 import sparse_pb2
+from services.gateway.backends import Backends
+from services.gateway.degradations import INDEX, INDEX_PAYLOAD, SPARSE, Degradations
+from services.gateway.fusion import Fused
+
+INDEX_TEXT = "passage text from the index"
+
+
+class Hydrator:
+    def __init__(self, backends: Backends, sparse_share: float) -> None:
+        self.backends = backends
+        # Share of the time left that sparse gets before the shards' payloads are asked instead.
+        self.sparse_share = sparse_share
+
+    async def hydrate(
+        self,
+        collection: str,
+        top: list[Fused],
+        degradations: Degradations,
+        known: dict[str, sparse_pb2.ChunkText],
+        end: float,
+    ) -> tuple[list[Fused], dict[str, sparse_pb2.ChunkText]]:
+        """Text, title, location, source and metadata of the results: those the legs sent with
+        their hits (``known``), the rest from one GetChunks call to sparse, or, when it fails or
+        is late, one per index shard from their stored payload. Without either the results all
+        go out bare (a partly hydrated list would be reranked and shown inconsistently); chunks
+        deleted since the legs saw them (or without a stored payload) are dropped."""
+        sparse = self.backends.sparse
+        chunks = {f.chunk_id: known[f.chunk_id] for f in top if f.chunk_id in known}
+        missing = [f.chunk_id for f in top if f.chunk_id not in chunks]
+        if not missing:
+            if chunks and (SPARSE, sparse.target) in degradations.items:
+                # Sparse's legs failed: every text shown is an index payload, as the fallback's.
+                degradations.note_fallback(SPARSE, sparse.target, INDEX_PAYLOAD, INDEX_TEXT)
+            return top, chunks
+        request = sparse_pb2.GetChunksRequest(collection=collection, chunk_ids=missing)
+        timeout = self.sparse_share * (end - time.monotonic())
+        try:
+            reply = await sparse.call(sparse.stub.GetChunks, request, timeout=timeout, idempotent=True)
+        except DownstreamError as exc:
+            degradations.add_error(SPARSE, exc, what="passage text")
+            fetched = await self._index_payloads(collection, missing, end, degradations)
+            if fetched is None:
+                return top, {}
+            degradations.note_fallback(SPARSE, sparse.target, INDEX_PAYLOAD, INDEX_TEXT)
+        else:
+            fetched = {c.chunk_id: c for c in reply.chunks}
+        chunks.update(fetched)
+        return [f for f in top if f.chunk_id in chunks], chunks
+
+    async def _index_payloads(
+        self, collection: str, ids: list[str], end: float, degradations: Degradations
+    ) -> dict[str, sparse_pb2.ChunkText] | None:
+        """The chunks' stored payloads from the shards that own them (meshkit.ids.shard_of, as
+        the writers place them); None when a shard holding some of them did not answer."""
+        shards = self.backends.shards
+        owned: dict[int, list[str]] = {}
+        for chunk_id in ids:
+            owned.setdefault(shard_of(chunk_id, len(shards)), []).append(chunk_id)
+
+        async def fetch(number: int, chunk_ids: list[str]) -> index_pb2.GetChunksResponse:
+            shard = shards[number]
+            request = index_pb2.GetChunksRequest(collection=collection, chunk_ids=chunk_ids)
+            timeout = end - time.monotonic()
+            return await shard.call(shard.stub.GetChunks, request, timeout=timeout, idempotent=True)
+
+        replies = await asyncio.gather(*(fetch(n, c) for n, c in owned.items()), return_exceptions=True)
+        chunks: dict[str, sparse_pb2.ChunkText] = {}
+        for reply in replies:
+            if isinstance(reply, DownstreamError):
+                degradations.add_error(INDEX, reply, what="passage text")
+                return None
+            if isinstance(reply, BaseException):
+                raise reply
+            # Chunks written before payloads existed have no text: nothing to show for them.
+            chunks.update((c.chunk_id, chunk_text(c)) for c in reply.chunks if c.text)
+        return chunks
+
+
+def chunk_text(stored: index_pb2.StoredChunk) -> sparse_pb2.ChunkText:
+    """An index payload in the form sparse gives it (what ranking and answering read)."""
+    return sparse_pb2.ChunkText(
+        chunk_id=stored.chunk_id,
+        doc_id=stored.doc_id,
+        title=stored.source.title,
+        text=stored.text,
+        location=stored.location,
+        source_uri=stored.source.source_uri,
+        metadata=dict(stored.source.metadata),
+    )
