@@ -38,15 +38,9 @@ from meshkit.errors import ServiceError, deadline_exceeded, not_found, unavailab
 from meshkit.fsutil import fsync_dir, write_atomic
 from meshkit.ids import validate_collection
 from meshkit.remote_snapshots import Pointer
-from meshkit.replog import (
-    Entry,
-    LogTimeout,
-    LogTransport,
-    LogUnavailable,
-    Positions,
-    ReplicatedLog,
-    load_positions,
-)
+from meshkit.replog import Entry, LogTimeout, ReplicatedLog
+from meshkit.replog_positions import Positions, load_positions
+from meshkit.replog_transport import LogTransport, LogUnavailable
 from meshkit.settings import StoreSettings
 
 log = logging.getLogger(__name__)
