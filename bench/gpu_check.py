@@ -37,34 +37,49 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
-import os
-import re
-import shutil
-import signal
-import site
-import socket
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_envs import (
+    VENV_ROOT,
+    download_wheels,
+    env_plans,
+    onnx_env_ready,
+    prepare_env,
+    venv_python,
+    vllm_env_ready,
+)
+from bench.gpu_host import WORK_DIR, free_port, probe_gpu, stop_process
+from bench.gpu_narrator import narrate_once
+from bench.gpu_onnx_stage import run_onnx
+from bench.gpu_serving import (
+    SERVED_MODEL_NAME,
+    LLMServer,
+    default_gguf,
+    llama_cpp_command,
+    offline_env,
+    prepare_llm_model,
+    start_server,
+    vllm_command,
+)
+from bench.gpu_stages import (
+    PASSED,
+    Budget,
+    Stage,
+    StageFailed,
+    StageSkipped,
+    exit_code,
+    run_stage,
+    skipped,
+    summarise,
+)
+
 RESULTS = Path("bench/results/gpu-check.json")
-WORK_DIR = Path(".cache/gpu-check")
-VENV_ROOT = Path(".cache/gpu-venv")
-ONNX_REQUIREMENTS = Path("requirements-gpu-onnx.txt")
-VLLM_REQUIREMENTS = Path("requirements-gpu-vllm.txt")
-LOCK = Path("requirements.lock")
-EXIT_PASSED, EXIT_FAILED, EXIT_SKIPPED = 0, 1, 2
-PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 # Per-stage limits (seconds); each is further capped by what is left of the overall budget.
 LIMITS = {
     "gpu": 20.0,
@@ -74,622 +89,27 @@ LIMITS = {
     "vllm": 240.0,
     "narrator": 60.0,
 }
-# A stage offered less than this is skipped: it could not finish anything useful.
-MIN_STAGE_S = 5.0
-# Reasons the narrator gives when the LLM server itself failed (not the model's wording).
-SERVING_FAILURES = ("unavailable", "deadline", "breaker_open", "error")
-SERVED_MODEL_NAME = "smollm2-135m-instruct"
-LOG_TAIL_CHARS = 1500
-# The narrator request: a question, three sources and their facts (text of our own).
-NARRATOR_QUERY = "Does vitamin D supplementation reduce the risk of fractures in older adults?"
-NARRATOR_FACTS = (
-    "In a trial of 2,686 adults aged 65 to 85, 100,000 IU of vitamin D every four months for five "
-    "years reduced fractures by 22 percent compared with placebo.",
-    "A meta-analysis of trials giving vitamin D without calcium found no reduction in hip fractures.",
-    "Daily vitamin D with calcium lowered the rate of hip fractures among women living in care homes.",
-)
-
-
-class StageSkipped(Exception):
-    """The stage cannot run here (no GPU, no vLLM): reported with the reason, not a failure."""
-
-
-class StageFailed(Exception):
-    """The stage ran and did not do what it must."""
-
-
-@dataclass
-class Stage:
-    name: str
-    status: str
-    reason: str = ""
-    seconds: float = 0.0
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"status": self.status, "seconds": round(self.seconds, 1)}
-        if self.reason:
-            out["reason"] = self.reason
-        return out | self.data
-
-
-class Budget:
-    """The overall deadline: each stage gets the smaller of its own limit and what is left."""
-
-    def __init__(self, total_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self.deadline = clock() + total_s
-
-    def timeout(self, limit: float) -> float:
-        return max(0.0, min(limit, self.deadline - self.clock()))
-
-
-def run_stage(name: str, budget: Budget, limit: float, body: Callable[[float], dict[str, Any]]) -> Stage:
-    """``body(timeout)`` as a stage: its dict is the stage's data; StageSkipped and StageFailed
-    (and any other exception, as a failure) become the status and reason."""
-    timeout = budget.timeout(limit)
-    if timeout < MIN_STAGE_S:
-        return Stage(name, SKIPPED, f"the overall budget is spent ({timeout:.0f}s left)")
-    started = time.monotonic()
-    try:
-        data = body(timeout)
-        stage = Stage(name, PASSED, data=data)
-    except StageSkipped as exc:
-        stage = Stage(name, SKIPPED, str(exc))
-    except StageFailed as exc:
-        stage = Stage(name, FAILED, str(exc))
-    except Exception as exc:
-        stage = Stage(name, FAILED, f"{type(exc).__name__}: {exc}")
-    stage.seconds = time.monotonic() - started
-    print(f"[gpu-check] {name}: {stage.status}{' - ' + stage.reason if stage.reason else ''}", flush=True)
-    return stage
-
-
-def skipped(name: str, reason: str) -> Stage:
-    print(f"[gpu-check] {name}: skipped - {reason}", flush=True)
-    return Stage(name, SKIPPED, reason)
 
 
 # ---------------------------------------------------------------------------- processes
 
 
-def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return text[-chars:].strip()
-
-
-def stop_process(process: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
-    """SIGTERM to the process group (vLLM forks engine workers), then SIGKILL after ``grace_s``."""
-    if process.poll() is not None:
-        return
-    with suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(5)
-
-
-def run_command(command: Sequence[str], timeout: float, log: Path, env: dict[str, str] | None = None) -> None:
-    """Run to completion with output in ``log``; StageFailed on a timeout or a non-zero exit,
-    with the end of the log as the reason."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        out.write(f"$ {' '.join(command)}\n".encode())
-        out.flush()
-        process = subprocess.Popen(
-            list(command), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            code = process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            stop_process(process, grace_s=5)
-            raise StageFailed(
-                f"{Path(command[0]).name} timed out after {timeout:.0f}s (log: {log})"
-            ) from None
-    if code != 0:
-        raise StageFailed(f"{Path(command[0]).name} exited {code} (log: {log}): {log_tail(log, 600)}")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 # ---------------------------------------------------------------------------- 1. the GPU
-
-
-_CUDA_VERSION = re.compile(r"CUDA Version:\s*([0-9.]+)")
-
-
-def parse_gpus(csv: str) -> list[dict[str, str]]:
-    """``nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader`` rows."""
-    gpus = []
-    for line in csv.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3:
-            gpus.append({"name": parts[0], "driver": parts[1], "memory": parts[2]})
-    return gpus
-
-
-def probe_gpu(timeout: float) -> dict[str, Any]:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        raise StageSkipped("no NVIDIA GPU: nvidia-smi is not on PATH")
-    query = [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
-    try:
-        listed = subprocess.run(query, capture_output=True, text=True, timeout=timeout, check=False)
-        banner = subprocess.run([smi], capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise StageSkipped(f"no usable NVIDIA GPU: nvidia-smi hung for {timeout:.0f}s") from exc
-    gpus = parse_gpus(listed.stdout) if listed.returncode == 0 else []
-    if not gpus:
-        raise StageSkipped(
-            f"no NVIDIA GPU: nvidia-smi exited {listed.returncode}: {listed.stderr.strip()[:300]}"
-        )
-    found = _CUDA_VERSION.search(banner.stdout)
-    return {"gpus": gpus, "driver_cuda": found.group(1) if found else ""}
 
 
 # ---------------------------------------------------------------------------- 2. venvs
 
 
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def base_python() -> str:
-    """The interpreter the project's venv was made from: the GPU venvs get the same Python, so
-    the onnx venv can import the project's compiled packages."""
-    return str(getattr(sys, "_base_executable", None) or sys.executable)
-
-
-def venv_command(python: str, venv: Path, system_site_packages: bool) -> list[str]:
-    return [python, "-m", "venv", *(["--system-site-packages"] if system_site_packages else []), str(venv)]
-
-
-def pip_install_command(
-    python: Path, requirements: Path, wheels: Path | None, constraints: Path | None = None
-) -> list[str]:
-    command = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
-    if constraints is not None:
-        # The dependencies it shares with the project (numpy, protobuf) at the project's versions.
-        command += ["-c", str(constraints)]
-    if wheels is not None:
-        # Offline: nothing from an index, every wheel (dependencies too) from the directory.
-        command += ["--no-index", "--find-links", str(wheels)]
-    return command
-
-
-def pip_download_command(
-    python: str, requirements: Path, dest: Path, python_version: str = "", platform: str = ""
-) -> list[str]:
-    command = [python, "-m", "pip", "download", "--disable-pip-version-check", "-r", str(requirements)]
-    command += ["-d", str(dest)]
-    if python_version or platform:
-        # Another interpreter or machine than this one: pip then takes binary wheels only.
-        command += ["--only-binary=:all:"]
-        command += ["--python-version", python_version] if python_version else []
-        command += ["--platform", platform] if platform else []
-    return command
-
-
-def requirements_stamp(plan: EnvPlan) -> str:
-    """What the venv was installed from: a change reinstalls, the same skips pip."""
-    constraints = plan.constraints.read_bytes() if plan.constraints else b""
-    return hashlib.sha256(
-        plan.requirements.read_bytes() + constraints + str(plan.wheels).encode()
-    ).hexdigest()
-
-
-def project_link(site_dirs: Sequence[str]) -> str:
-    """A .pth file's text that appends the project's site-packages (and their own .pth files,
-    the editable install's among them) after the venv's own: the venv's packages win."""
-    return "".join(f"import site; site.addsitedir({d!r})\n" for d in site_dirs)
-
-
-def site_packages(python: Path, timeout: float) -> Path:
-    out = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=True,
-    )
-    return Path(out.stdout.strip())
-
-
-@dataclass(frozen=True)
-class EnvPlan:
-    name: str
-    venv: Path
-    requirements: Path
-    wheels: Path | None
-    install: bool
-    system_site_packages: bool
-    # Make the project's packages importable in the venv (after the venv's own).
-    link_project: bool
-    constraints: Path | None = None
-
-
-def prepare_env(plan: EnvPlan, timeout: float, log: Path) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    python = venv_python(plan.venv)
-    if not python.exists():
-        run_command(venv_command(base_python(), plan.venv, plan.system_site_packages), timeout, log)
-    stamp = plan.venv / ".ragmesh-requirements"
-    wanted = requirements_stamp(plan)
-    installed = "reused"
-    if plan.install and (not stamp.exists() or stamp.read_text() != wanted):
-        try:
-            run_command(
-                pip_install_command(python, plan.requirements, plan.wheels, plan.constraints),
-                max(1.0, deadline - time.monotonic()),
-                log,
-            )
-        except StageFailed as exc:
-            hint = (
-                ""
-                if plan.wheels
-                else " (no network? prepare wheels with --download-wheels DIR, then --wheels DIR)"
-            )
-            raise StageFailed(f"pip install -r {plan.requirements} failed{hint}: {exc}") from exc
-        stamp.write_text(wanted)
-        installed = "installed"
-    elif not plan.install:
-        installed = "not installed (--no-install)"
-    if plan.link_project:
-        link = site_packages(python, 30) / "ragmesh-project.pth"
-        link.write_text(project_link(site.getsitepackages()))
-    return {"venv": str(plan.venv), "requirements": str(plan.requirements), "packages": installed}
-
-
-def onnx_env_ready(python: Path, timeout: float) -> dict[str, Any]:
-    """The venv's onnxruntime must be the GPU build (the CPU one lacks the CUDA provider)."""
-    probe = "import onnxruntime as o, json; print(json.dumps([o.__version__, o.get_available_providers()]))"
-    out = subprocess.run(
-        [str(python), "-c", probe], capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if out.returncode != 0:
-        raise StageFailed(f"onnxruntime does not import in the venv: {out.stderr.strip()[-600:]}")
-    version, providers = json.loads(out.stdout.strip().splitlines()[-1])
-    if "CUDAExecutionProvider" not in providers:
-        raise StageFailed(f"onnxruntime {version} in the venv offers no CUDA provider: {providers}")
-    return {"onnxruntime": version, "available_providers": providers}
-
-
-def vllm_env_ready(python: Path, timeout: float) -> dict[str, Any]:
-    probe = "import importlib.metadata as m; print(m.version('vllm'), m.version('torch'))"
-    out = subprocess.run(
-        [str(python), "-c", probe], capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if out.returncode != 0:
-        raise StageSkipped("vllm is not installed in the venv (pip could not install it here)")
-    vllm_version, torch_version = out.stdout.split()
-    return {"vllm": vllm_version, "torch": torch_version}
-
-
 # ---------------------------------------------------------------------------- 3. ONNX
-
-
-def onnx_command(
-    python: str, providers: Sequence[str], requests: int, max_seconds: float, out: Path
-) -> list[str]:
-    return [
-        python,
-        "-m",
-        "bench.gpu_onnx",
-        "--providers",
-        ",".join(providers),
-        "--requests",
-        str(requests),
-        "--max-seconds",
-        str(max_seconds),
-        "--out",
-        str(out),
-    ]
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if not numerator or not denominator:
-        return None
-    return round(numerator / denominator, 2)
-
-
-def onnx_side_by_side(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Each model's figures per provider and CUDA against the CPU: ``*_speedup`` is CPU latency
-    over CUDA latency, ``*_ratio`` CUDA throughput over CPU throughput (above 1: CUDA wins)."""
-    cuda, cpu = results.get("cuda", {}), results.get("cpu", {})
-    rerank = {p: r["reranker"] for p, r in results.items() if "reranker" in r}
-    embed = {p: r["embedder"] for p, r in results.items() if "embedder" in r}
-    out: dict[str, Any] = {"reranker": dict(rerank), "embedder": dict(embed)}
-    if "reranker" in cuda and "reranker" in cpu:
-        out["reranker"]["p50_speedup"] = ratio(cpu["reranker"]["p50_ms_35"], cuda["reranker"]["p50_ms_35"])
-        out["reranker"]["pairs_per_s_ratio"] = ratio(
-            cuda["reranker"]["pairs_per_s"], cpu["reranker"]["pairs_per_s"]
-        )
-    if "embedder" in cuda and "embedder" in cpu:
-        out["embedder"]["query_p50_speedup"] = ratio(
-            cpu["embedder"]["query_p50_ms"], cuda["embedder"]["query_p50_ms"]
-        )
-        out["embedder"]["texts_per_s_ratio"] = ratio(
-            cuda["embedder"]["texts_per_s"], cpu["embedder"]["texts_per_s"]
-        )
-    errors = {p: r["error"] for p, r in results.items() if "error" in r}
-    if errors:
-        out["errors"] = errors
-    if "cuda" in results:
-        out["cuda_sessions"] = cuda.get("session_providers", {})
-    return out
-
-
-def run_onnx(
-    python: str, providers: Sequence[str], args: argparse.Namespace, timeout: float
-) -> dict[str, Any]:
-    out = WORK_DIR / "onnx.json"
-    out.unlink(missing_ok=True)
-    # The worker's own time cap per provider leaves room for loading and the other provider.
-    per_provider = max(10.0, min(args.measure_s, (timeout - 30) / max(1, len(providers))))
-    command = onnx_command(python, providers, args.requests, per_provider, out)
-    run_command(command, timeout, WORK_DIR / "onnx.log")
-    report = json.loads(out.read_text())
-    data = {k: report[k] for k in ("onnxruntime", "cpu_count", "preload_dlls") if k in report}
-    data |= onnx_side_by_side(report["results"])
-    if "errors" in data:
-        raise StageFailed(
-            "; ".join(f"{p}: {e}" for p, e in data["errors"].items()) + f" | {json.dumps(data)}"
-        )
-    return data
 
 
 # ---------------------------------------------------------------------------- 4-5. the LLM
 
 
-def default_gguf() -> str:
-    from meshkit.settings import LLMServerSettings
-
-    return LLMServerSettings().llm_server_gguf
-
-
-def converted_dir(gguf: Path) -> Path:
-    digest = hashlib.sha256(f"{gguf.resolve()}:{gguf.stat().st_size}".encode()).hexdigest()[:12]
-    return WORK_DIR / f"{gguf.stem}-hf-{digest}"
-
-
-def prepare_llm_model(model: Path, load: str, python: Path, timeout: float) -> dict[str, Any]:
-    """What vLLM will load: a model directory as given, a GGUF file as is (``--llm-load gguf``)
-    or dequantised once into a Hugging Face directory (the default)."""
-    if not model.exists():
-        raise StageSkipped(f"no LLM to serve: {model} does not exist")
-    if model.is_dir() or load == "gguf":
-        return {"source": str(model), "serve": str(model), "load": "directory" if model.is_dir() else "gguf"}
-    target = converted_dir(model)
-    if not (target / "config.json").is_file():
-        script = Path(__file__).with_name("gguf_to_hf.py")
-        run_command(
-            [str(python), str(script), str(model), str(target)],
-            timeout,
-            WORK_DIR / "llm_model.log",
-            offline_env(),
-        )
-    return {"source": str(model), "serve": str(target), "load": "hf (dequantised from the GGUF)"}
-
-
-def offline_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """No hub, no telemetry: model files come from disk only."""
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
-        HF_HOME=str((WORK_DIR / "hf-home").resolve()),
-    )
-    env.update(extra or {})
-    return env
-
-
-def vllm_command(
-    vllm: Path,
-    model: str,
-    *,
-    port: int,
-    served_name: str,
-    tokenizer: str = "",
-    max_model_len: int = 2048,
-    gpu_memory_utilization: float = 0.3,
-    extra: Sequence[str] = (),
-) -> list[str]:
-    """``vllm serve`` for the check: loopback only, a small share of the GPU, and eager mode
-    (no CUDA-graph capture or compilation: it starts in seconds, and the check measures serving,
-    not peak decode speed)."""
-    command = [str(vllm), "serve", model, "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--served-model-name", served_name, "--max-model-len", str(max_model_len)]
-    command += ["--gpu-memory-utilization", str(gpu_memory_utilization), "--enforce-eager"]
-    if tokenizer:
-        command += ["--tokenizer", tokenizer]
-    return command + list(extra)
-
-
-def llama_cpp_command(gguf: str, port: int) -> tuple[list[str], dict[str, str]]:
-    """The project's own CPU server (services.llm, llama.cpp), the stand-in under --cpu-only."""
-    env = dict(os.environ, RAGMESH_HOST="127.0.0.1", RAGMESH_PORT=str(port), RAGMESH_LLM_SERVER_GGUF=gguf)
-    return [sys.executable, "-m", "services.llm"], env
-
-
-def http_ok(url: str, timeout: float = 2.0) -> bytes | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return bytes(response.read()) if response.status == 200 else None
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return None
-
-
-def wait_ready(
-    process: subprocess.Popen[bytes], root: str, listed_name: str, timeout: float, log: Path
-) -> float:
-    """Seconds until /health answers and, when ``listed_name`` is given, /v1/models lists it
-    (vLLM answers 404 to any other model name; llama.cpp lists its file path and takes any
-    name); StageFailed when the server exits or the time runs out first."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if process.poll() is not None:
-            raise StageFailed(f"the server exited {process.returncode} while starting: {log_tail(log)}")
-        if http_ok(f"{root}/health") is not None:
-            models = http_ok(f"{root}/v1/models") if listed_name else b""
-            if models is not None and listed_name in models.decode(errors="replace"):
-                return time.monotonic() - started
-        time.sleep(1.0)
-    raise StageFailed(f"the server was not ready after {timeout:.0f}s: {log_tail(log)}")
-
-
-@dataclass
-class LLMServer:
-    kind: str
-    root: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.root}/v1"
-
-
-def start_server(
-    kind: str, command: Sequence[str], env: dict[str, str], port: int, listed_name: str, timeout: float
-) -> tuple[LLMServer, float]:
-    log = WORK_DIR / f"{kind}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        out.write(f"$ {' '.join(command)}\n".encode())
-        process = subprocess.Popen(
-            list(command), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    server = LLMServer(kind, f"http://127.0.0.1:{port}", process, log)
-    try:
-        ready_s = wait_ready(process, server.root, listed_name, timeout, log)
-    except BaseException:
-        stop_process(process)
-        raise
-    return server, ready_s
-
-
 # ---------------------------------------------------------------------------- 6. the narrator
 
 
-async def narrate_once(base_url: str, model: str, timeout: float) -> dict[str, Any]:
-    """One NarrateStream call to the project's narrator service, started here with its LLM at
-    ``base_url`` (RAGMESH_LLM_BASE_URL, as a deployment sets it)."""
-    from grpc import aio
-
-    from meshkit.server import start_service
-    from meshkit.settings import NarratorSettings
-    from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
-    from services.narrator.servicer import build_spec
-
-    os.environ["RAGMESH_LLM_BASE_URL"] = base_url
-    os.environ["RAGMESH_LLM_MODEL"] = model
-    settings = NarratorSettings(port=0, log_format="text", llm_timeout_s=max(5.0, timeout - 5))
-    spec, _ = build_spec(settings)
-    running = await start_service(spec, settings)
-    request = narrator_pb2.NarrateRequest(
-        query=NARRATOR_QUERY,
-        sources=[
-            narrator_pb2.Source(id=f"c{i}", doc_id=f"d{i}", title=f"Study {i}", snippet=fact[:200])
-            for i, fact in enumerate(NARRATOR_FACTS, 1)
-        ],
-        facts=[
-            narrator_pb2.Fact(text=fact, source=i, score=1.0 - i / 10)
-            for i, fact in enumerate(NARRATOR_FACTS, 1)
-        ],
-        mode=narrator_pb2.NARRATION_MODE_LLM,
-    )
-    first: float | None = None
-    deltas = 0
-    answer = None
-    try:
-        async with aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            stub = narrator_pb2_grpc.NarratorServiceStub(channel)
-            started = time.perf_counter()
-            stream = stub.NarrateStream(narrator_pb2.NarrateStreamRequest(request=request), timeout=timeout)
-            async for event in stream:
-                if event.HasField("answer"):
-                    answer = event.answer
-                    break
-                deltas += 1
-                if first is None:
-                    first = time.perf_counter() - started
-            total = time.perf_counter() - started
-    finally:
-        await running.stop(0)
-    if answer is None:
-        raise StageFailed("the narrator's stream ended without an answer")
-    return narration_result(first, total, deltas, answer)
-
-
-def narration_result(first: float | None, total: float, deltas: int, answer: Any) -> dict[str, Any]:
-    """The narrator stage's data; StageFailed when the LLM server itself failed (the narrator
-    then answers extractively and says why). An answer the verifier rejected is the small
-    model's wording, not a serving failure: it passes, with the reason shown."""
-    from ragmesh.narrator.v1 import narrator_pb2
-
-    reason = answer.degraded_reason
-    data = {
-        "ttft_ms": round(first * 1000, 1) if first is not None else None,
-        "total_ms": round(total * 1000, 1),
-        "deltas": deltas,
-        "mode": "llm" if answer.mode == narrator_pb2.NARRATION_MODE_LLM else "extractive",
-        "answered": answer.answered,
-        "degraded_reason": reason,
-        "answer": answer.text[:300],
-    }
-    if reason.startswith(SERVING_FAILURES):
-        raise StageFailed(f"the narrator could not use the LLM: {reason} | {json.dumps(data)}")
-    return data
-
-
 # ---------------------------------------------------------------------------- the summary
-
-
-def summarise(stages: Sequence[Stage], *, cpu_only: bool, started: float, budget_s: float) -> dict[str, Any]:
-    """The one JSON object: every stage with its status and figures, and the verdict. Passed
-    needs every stage to pass, except that --cpu-only asks nothing of the GPU stages."""
-    by_name = {s.name: s for s in stages}
-    failed = [s.name for s in stages if s.status == FAILED]
-    gpu_ran = by_name.get("gpu") is not None and by_name["gpu"].status == PASSED
-    not_run = [s.name for s in stages if s.status == SKIPPED]
-    if failed:
-        verdict = FAILED
-    elif cpu_only or (gpu_ran and not not_run):
-        verdict = PASSED
-    else:
-        verdict = SKIPPED
-    summary: dict[str, Any] = {
-        "check": "gpu-check",
-        "status": verdict,
-        "passed": verdict == PASSED,
-        "cpu_only": cpu_only,
-        "failed": failed,
-        "skipped": {s.name: s.reason for s in stages if s.status == SKIPPED},
-        "seconds": round(time.monotonic() - started, 1),
-        "budget_s": budget_s,
-        "ran_on_gpu": gpu_ran
-        and by_name.get("onnx", Stage("onnx", SKIPPED)).status == PASSED
-        and not cpu_only,
-        "stages": {s.name: s.as_dict() for s in stages},
-    }
-    return summary
-
-
-def exit_code(summary: dict[str, Any]) -> int:
-    return {PASSED: EXIT_PASSED, FAILED: EXIT_FAILED}.get(summary["status"], EXIT_SKIPPED)
 
 
 # ---------------------------------------------------------------------------- the run
@@ -751,35 +171,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.requests < 1 or args.budget_s <= 0 or args.measure_s <= 0:
         parser.error("--requests, --budget-s and --measure-s must be positive")
     return args
-
-
-def download_wheels(args: argparse.Namespace) -> int:
-    args.download_wheels.mkdir(parents=True, exist_ok=True)
-    results = {}
-    for requirements in (ONNX_REQUIREMENTS, VLLM_REQUIREMENTS):
-        command = pip_download_command(
-            sys.executable, requirements, args.download_wheels, args.wheel_python, args.wheel_platform
-        )
-        code = subprocess.run(command, check=False).returncode
-        results[str(requirements)] = "ok" if code == 0 else f"pip download exited {code}"
-    ok = all(v == "ok" for v in results.values())
-    print(
-        json.dumps({"check": "gpu-check", "download_wheels": str(args.download_wheels), "results": results})
-    )
-    return EXIT_PASSED if ok else EXIT_FAILED
-
-
-def env_plans(args: argparse.Namespace) -> tuple[EnvPlan, EnvPlan]:
-    common = {
-        "wheels": args.wheels,
-        "install": not args.no_install,
-        "system_site_packages": args.system_site_packages,
-    }
-    onnx = EnvPlan(
-        "onnx_env", VENV_ROOT / "onnx", ONNX_REQUIREMENTS, link_project=True, constraints=LOCK, **common
-    )
-    vllm = EnvPlan("vllm_env", VENV_ROOT / "vllm", VLLM_REQUIREMENTS, link_project=False, **common)
-    return onnx, vllm
 
 
 def build_envs(args: argparse.Namespace, budget: Budget) -> tuple[Stage, Stage]:
