@@ -215,7 +215,7 @@ def trade_off(
     return rows
 
 
-# ---------------------------------------------------------------------------- 4. default vs quality
+# ---------------------------------------------------------------------------- the summary and the run
 
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:

@@ -56,12 +56,6 @@ from manifest_objects import External, Pod, Rendered
 PLACEHOLDER = re.compile(r"replace[-_]?me|changeme|placeholder", re.IGNORECASE)
 
 
-# ---------------------------------------------------------------------------- the rendered objects
-
-
-# ---------------------------------------------------------------------------- NetworkPolicy semantics
-
-
 # ---------------------------------------------------------------------------- the checks
 
 

@@ -258,6 +258,3 @@ async def test_tenant_a_reaches_nothing_of_collection_b(
 
 async def _drain(stream: Any) -> list[Any]:
     return [event async for event in stream]
-
-
-# ------------------------------------------------------------------ NATS and S3
