@@ -34,147 +34,40 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from grpc import aio
 
+from bench.rerank_inprocess import fused_candidates, rerank_run
+from bench.rerank_quality import SUMMARY_CANDIDATES, quality_comparison
+from bench.rerank_workloads import (
+    TRADE_OFF,
+    ModelSpec,
+    Variant,
+    Workload,
+    percentile,
+    served_spec,
+    train_workload,
+)
 from meshkit.server import start_service
 from meshkit.settings import GatewaySettings, RerankerSettings
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh_cli import metrics
 from ragmesh_cli.evaluation import load_dataset
 from ragmesh_cli.rerankerbuild.export import write_manifest
-from ragmesh_cli.rerankerbuild.mining import Corpus, bm25_collection, chunk_corpus, read_beir_corpus
-from services.gateway.fusion import Fused
-from services.gateway.rerank import final_order
 from services.reranker.model import CrossEncoderModel
-from services.reranker.selection import select
 from services.reranker.servicer import build_spec
-from services.reranker.window import WindowPolicy
 
 RESULTS = Path("bench/results/rerank.json")
 # Pairs per raw measurement: two model runs of 64, the service's batch size.
 RAW_PAIRS = 128
-
-
-# Read once: the in-process second stage runs per query, and settings parse the environment.
-RERANKER_DEFAULTS = RerankerSettings()
-GATEWAY_DEFAULTS = GatewaySettings()
-
-# The issue's reranker figure: one claim's candidates at concurrency 1.
-SUMMARY_CANDIDATES = 35
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model directory and how it is served: tokens per pair (0: its limit), passage window,
-    opening tokens an overlap window keeps."""
-
-    model_dir: Path
-    max_tokens: int = 0
-    window: WindowPolicy = "head"
-    head: int = 0
-
-    def load(self) -> CrossEncoderModel:
-        return CrossEncoderModel.load(
-            self.model_dir, max_tokens=self.max_tokens, window=self.window, window_head_tokens=self.head
-        )
-
-    def label(self) -> str:
-        return f"{self.model_dir} ({self.max_tokens or 'full'} tokens, {self.window} windows)"
-
-
-def served_spec(model_dir: Path) -> ModelSpec:
-    """The model as the reranker service serves it by default (RAGMESH_RERANKER_* settings)."""
-    settings = RerankerSettings()
-    window = settings.reranker_passage_window
-    # Opening tokens only matter to overlap windows: a head window served with any is the same.
-    head = settings.reranker_window_head_tokens if window == "overlap" else 0
-    return ModelSpec(model_dir, settings.reranker_max_tokens, window, head)
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One cell of a trade-off: tokens per pair, window, opening tokens kept, candidates."""
-
-    tokens: int
-    window: WindowPolicy
-    head: int
-    candidates: int
-
-    @classmethod
-    def parse(cls, text: str) -> Variant:
-        parts = text.split(":")
-        if (
-            len(parts) != 4
-            or parts[1] not in ("head", "overlap")
-            or not all(p.isdigit() for p in (parts[0], parts[2], parts[3]))
-        ):
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: expected TOKENS:head|overlap:OPENING:CANDIDATES, e.g. 160:overlap:32:35"
-            )
-        window: WindowPolicy = "overlap" if parts[1] == "overlap" else "head"
-        return cls(int(parts[0]), window, int(parts[2]), int(parts[3]))
-
-    def spec(self, model_dir: Path) -> ModelSpec:
-        return ModelSpec(model_dir, self.tokens, self.window, self.head)
-
-    def __str__(self) -> str:
-        return f"{self.tokens}:{self.window}:{self.head}:{self.candidates}"
-
-
-TRADE_OFF = tuple(
-    Variant.parse(v)
-    for v in ("256:head:0:35", "192:head:0:35", "160:overlap:32:35", "128:overlap:32:35", "160:overlap:32:20")
-)
-
-
-@dataclass
-class Workload:
-    queries: list[str]
-    # Per query: its candidate passages, best BM25 first.
-    candidates: list[list[str]]
-    # Per query: the documents of those candidates, in the same order.
-    doc_ids: list[list[str]] = field(default_factory=list)
-    query_ids: list[str] = field(default_factory=list)
-
-
-def bm25_workload(corpus: Corpus, queries: Sequence[tuple[str, str]], depth: int) -> Workload:
-    """Each (query id, text) with its BM25 top ``depth`` chunks, as the gateway would send them."""
-    with tempfile.TemporaryDirectory(prefix="ragmesh-rerank-bench-") as workdir:
-        bm25 = bm25_collection(corpus, Path(workdir))
-        index = {p.chunk_id: p for p in corpus.passages}
-        work = Workload([], [])
-        for qid, text in queries:
-            hits = [index[h.chunk_id] for h in bm25.search_bm25(text, depth, [])]
-            work.query_ids.append(qid)
-            work.queries.append(text)
-            work.candidates.append([p.text for p in hits])
-            work.doc_ids.append([p.doc_id for p in hits])
-        bm25.close()
-    return work
-
-
-def train_workload(dataset: Path, claims: int, depth: int, seed: int) -> Workload:
-    """Train claims (never test) with their BM25 top chunks."""
-    data = load_dataset(dataset, "train")
-    corpus = chunk_corpus(read_beir_corpus(data.corpus_path), "bench")
-    chosen = sorted(data.queries.items())
-    random.Random(seed).shuffle(chosen)
-    return bm25_workload(corpus, chosen[:claims], depth)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else 0.0
 
 
 # ---------------------------------------------------------------------------- 1. raw vs service
@@ -291,70 +184,6 @@ def int8_vs_fp32(
 # ---------------------------------------------------------------------------- 3. trade-off
 
 
-async def fused_candidates(
-    address: str, collection: str, queries: dict[str, str], depth: int
-) -> dict[str, list[gateway_pb2.SearchResult]]:
-    out: dict[str, list[gateway_pb2.SearchResult]] = {}
-    async with aio.insecure_channel(address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-        for qid, text in queries.items():
-            request = gateway_pb2.SearchRequest(
-                collection=collection, query=text, top_k=depth, collapse_documents=True, rerank=False
-            )
-            out[qid] = list((await stub.Search(request, timeout=60)).results)
-    return out
-
-
-def rerank_scores(
-    model: CrossEncoderModel, query: str, results: Sequence[gateway_pb2.SearchResult], count: int
-) -> tuple[list[float], float]:
-    """The model's scores of the first ``count`` candidates, and the milliseconds they took."""
-    started = time.perf_counter()
-    scores, _ = model.score(query, [r.text for r in results[:count]])
-    return scores.tolist(), (time.perf_counter() - started) * 1000
-
-
-def reranked_order(
-    results: Sequence[gateway_pb2.SearchResult],
-    count: int,
-    scores: Sequence[float],
-    weight: float,
-    keep_fused_margin: float = 0.0,
-) -> list[str]:
-    """The gateway's second stage on scored candidates: the reranker's threshold and fallback
-    (``services.reranker.selection``) and the gateway's final order
-    (``services.gateway.rerank.final_order``), then the candidates not reranked."""
-    head = results[:count]
-    chosen = select(scores, RERANKER_DEFAULTS.reranker_min_score, len(head), 0)
-    items = [Fused(r.chunk_id, r.doc_id, r.fused_score, fused_rank=i + 1) for i, r in enumerate(head)]
-    scored = [items[i] for i in chosen.order]
-    if not chosen.fallback:
-        for i in chosen.order:
-            items[i].rerank_score = scores[i]
-    final = final_order(
-        items,
-        scored,
-        chosen.fallback,
-        fused_weight=weight,
-        rrf_k=GATEWAY_DEFAULTS.gateway_rrf_k,
-        keep_fused_margin=keep_fused_margin,
-    )
-    return [f.doc_id for f in final.results] + [r.doc_id for r in results[count:]]
-
-
-def rerank_run(
-    model: CrossEncoderModel,
-    query: str,
-    results: Sequence[gateway_pb2.SearchResult],
-    count: int,
-    weight: float,
-) -> tuple[list[str], float]:
-    """The gateway's second stage in process: score, threshold/fallback, blend, then the rest."""
-    scores, elapsed = rerank_scores(model, query, results, count)
-    margin = GATEWAY_DEFAULTS.gateway_rerank_keep_fused_margin
-    return reranked_order(results, count, scores, weight, margin), elapsed
-
-
 def trade_off(
     model_dir: Path,
     candidates: dict[str, list[gateway_pb2.SearchResult]],
@@ -386,64 +215,7 @@ def trade_off(
     return rows
 
 
-# ---------------------------------------------------------------------------- 4. default vs quality
-
-
-def reranked_docs(
-    model: CrossEncoderModel, query: str, texts: Sequence[str], docs: Sequence[str]
-) -> list[str]:
-    scores, _ = model.score(query, texts)
-    return metrics.first_occurrence(docs[i] for i in np.argsort(-scores, kind="stable"))
-
-
-def ndcg_per_query(
-    model: CrossEncoderModel,
-    work: Workload,
-    qrels: metrics.Qrels,
-    fused: dict[str, list[gateway_pb2.SearchResult]] | None,
-    weight: float,
-) -> dict[str, float]:
-    """nDCG@10 of each test claim reranked by ``model``: with the gateway's fused candidates and
-    blend when given, else the claim's BM25 candidates ordered by the model's scores."""
-    run: dict[str, list[str]] = {}
-    for qid, query, texts, docs in zip(
-        work.query_ids, work.queries, work.candidates, work.doc_ids, strict=True
-    ):
-        if fused is not None:
-            run[qid], _ = rerank_run(model, query, fused[qid], SUMMARY_CANDIDATES, weight)
-        else:
-            run[qid] = reranked_docs(model, query, texts, docs)
-    return metrics.per_query(run, qrels, metrics.STANDARD_METRICS["ndcg@10"])
-
-
-def quality_comparison(
-    default: ModelSpec,
-    quality: ModelSpec,
-    dataset: Path,
-    limit: int,
-    fused: dict[str, list[gateway_pb2.SearchResult]] | None,
-    weight: float,
-) -> dict[str, Any]:
-    """nDCG@10 of the default model, as served, against the quality option on the test claims."""
-    same = default == quality
-    out: dict[str, Any] = {"default": default.label(), "quality": quality.label(), "same_model": same}
-    if same:
-        return out | {"ndcg10_loss": 0.0, "basis": "the same model on both sides: no loss by construction"}
-    data = load_dataset(dataset, "test", limit or None)
-    corpus = chunk_corpus(read_beir_corpus(data.corpus_path), "bench")
-    work = bm25_workload(corpus, sorted(data.queries.items()), SUMMARY_CANDIDATES)
-    default_scores = ndcg_per_query(default.load(), work, data.qrels, fused, weight)
-    quality_scores = ndcg_per_query(quality.load(), work, data.qrels, fused, weight)
-    boot = metrics.paired_bootstrap(default_scores, quality_scores)
-    return out | {
-        "candidates": "gateway fused (blend as served)" if fused is not None else "BM25 top 35 (in process)",
-        "claims": boot.queries,
-        "ndcg10_default": round(boot.mean_a, 4),
-        "ndcg10_quality": round(boot.mean_b, 4),
-        "ndcg10_loss": round(boot.mean_diff, 4),
-        "ndcg10_loss_ci95": [round(boot.ci_low, 4), round(boot.ci_high, 4)],
-        "basis": "paired bootstrap over the test claims (quality minus default)",
-    }
+# ---------------------------------------------------------------------------- the summary and the run
 
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Reranker settings side by side: nDCG@10 and time per query for each (tokens per pair, passage
 window, opening tokens kept, candidates), final blend weight and keep-fused margin, on the gateway's own fused
-candidates, with the gateway's selection, blend and keep-fused rules (``bench.rerank_bench.reranked_order``),
+candidates, with the gateway's selection, blend and keep-fused rules
+(``bench.rerank_inprocess.reranked_order``),
 against the first variant given (the reference) with a paired bootstrap. Each variant's scores
 are cached (``--cache``) by model, setting and candidates: a rerun, or another blend weight,
 costs no model time.
@@ -33,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import qa
-from bench.rerank_bench import Variant, fused_candidates, percentile, rerank_scores, reranked_order
+from bench.rerank_inprocess import fused_candidates, rerank_scores, reranked_order
+from bench.rerank_workloads import Variant, percentile
 from meshkit.settings import GatewaySettings, RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli import metrics

@@ -15,8 +15,16 @@ from typing import Any
 import onnxruntime as ort
 import pytest
 
-from bench import gpu_check
-from bench.gpu_check import (
+from bench import gpu_check, gpu_envs, gpu_host, gpu_narrator, gpu_onnx_stage, gpu_serving, gpu_stages
+from bench.gpu_envs import EnvPlan
+from bench.gpu_onnx import (
+    count_nodes,
+    node_placement,
+    provider_check,
+    sample_feeds,
+    text_workload,
+)
+from bench.gpu_stages import (
     EXIT_FAILED,
     EXIT_PASSED,
     EXIT_SKIPPED,
@@ -24,17 +32,9 @@ from bench.gpu_check import (
     PASSED,
     SKIPPED,
     Budget,
-    EnvPlan,
     Stage,
     StageFailed,
     StageSkipped,
-)
-from bench.gpu_onnx import (
-    count_nodes,
-    node_placement,
-    provider_check,
-    sample_feeds,
-    text_workload,
 )
 from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER
 from meshkit.settings import RerankerSettings
@@ -151,7 +151,7 @@ def provider_figures(p50: float, pairs: float, query_ms: float, texts: float) ->
 
 
 def test_side_by_side_ratios_say_how_much_cuda_wins() -> None:
-    out = gpu_check.onnx_side_by_side(
+    out = gpu_onnx_stage.onnx_side_by_side(
         {
             "cuda": provider_figures(20.0, 1750.0, 2.0, 3000.0),
             "cpu": provider_figures(500.0, 70.0, 8.0, 300.0),
@@ -166,7 +166,7 @@ def test_side_by_side_ratios_say_how_much_cuda_wins() -> None:
 
 
 def test_a_provider_error_is_carried_and_no_ratio_is_made_up() -> None:
-    out = gpu_check.onnx_side_by_side(
+    out = gpu_onnx_stage.onnx_side_by_side(
         {"cuda": {"error": "reranker: CUDA not used"}, "cpu": provider_figures(500.0, 70.0, 8.0, 300.0)}
     )
     assert out["errors"] == {"cuda": "reranker: CUDA not used"}
@@ -174,13 +174,13 @@ def test_a_provider_error_is_carried_and_no_ratio_is_made_up() -> None:
 
 
 def summary_of(stages: list[Stage], cpu_only: bool = False) -> dict[str, Any]:
-    return gpu_check.summarise(stages, cpu_only=cpu_only, started=time.monotonic(), budget_s=480)
+    return gpu_stages.summarise(stages, cpu_only=cpu_only, started=time.monotonic(), budget_s=480)
 
 
 def test_every_stage_passed_is_a_pass() -> None:
     summary = summary_of([stage(n, PASSED) for n in ALL_STAGES])
     assert summary["passed"] and summary["ran_on_gpu"]
-    assert gpu_check.exit_code(summary) == EXIT_PASSED
+    assert gpu_stages.exit_code(summary) == EXIT_PASSED
 
 
 def test_no_gpu_is_not_a_pass_and_says_why() -> None:
@@ -190,7 +190,7 @@ def test_no_gpu_is_not_a_pass_and_says_why() -> None:
     summary = summary_of(stages)
     assert summary["status"] == SKIPPED and not summary["passed"] and not summary["ran_on_gpu"]
     assert summary["skipped"]["gpu"] == "no NVIDIA GPU: nvidia-smi is not on PATH"
-    assert gpu_check.exit_code(summary) == EXIT_SKIPPED
+    assert gpu_stages.exit_code(summary) == EXIT_SKIPPED
 
 
 def test_cpu_only_passes_with_the_gpu_stages_skipped() -> None:
@@ -199,7 +199,7 @@ def test_cpu_only_passes_with_the_gpu_stages_skipped() -> None:
     stages += [stage("vllm", SKIPPED, "--cpu-only"), stage("narrator", PASSED)]
     summary = summary_of(stages, cpu_only=True)
     assert summary["passed"] and not summary["ran_on_gpu"]
-    assert gpu_check.exit_code(summary) == EXIT_PASSED
+    assert gpu_stages.exit_code(summary) == EXIT_PASSED
 
 
 def test_one_failed_stage_fails_the_check() -> None:
@@ -207,13 +207,13 @@ def test_one_failed_stage_fails_the_check() -> None:
     stages[3] = stage("onnx", FAILED, "cuda: reranker: CUDA not used")
     summary = summary_of(stages)
     assert summary["failed"] == ["onnx"] and summary["stages"]["onnx"]["reason"].startswith("cuda")
-    assert gpu_check.exit_code(summary) == EXIT_FAILED
+    assert gpu_stages.exit_code(summary) == EXIT_FAILED
 
 
 def test_a_gpu_stage_skipped_on_a_gpu_machine_is_not_a_pass() -> None:
     stages = [stage(n, PASSED) for n in ALL_STAGES]
     stages[2] = stage("vllm_env", SKIPPED, "vllm could not be installed")
-    assert gpu_check.exit_code(summary_of(stages)) == EXIT_SKIPPED
+    assert gpu_stages.exit_code(summary_of(stages)) == EXIT_SKIPPED
 
 
 def test_the_summary_is_one_json_line() -> None:
@@ -237,10 +237,10 @@ def test_stage_outcomes_map_to_status_and_reason() -> None:
     def crash(_: float) -> dict[str, Any]:
         raise KeyError("x")
 
-    assert gpu_check.run_stage("a", budget, 10, lambda t: {"timeout": t}).data["timeout"] == 10
-    assert (gpu_check.run_stage("b", budget, 10, skip).status, "no vllm") == (SKIPPED, "no vllm")
-    assert gpu_check.run_stage("c", budget, 10, fail).status == FAILED
-    crashed = gpu_check.run_stage("d", budget, 10, crash)
+    assert gpu_stages.run_stage("a", budget, 10, lambda t: {"timeout": t}).data["timeout"] == 10
+    assert (gpu_stages.run_stage("b", budget, 10, skip).status, "no vllm") == (SKIPPED, "no vllm")
+    assert gpu_stages.run_stage("c", budget, 10, fail).status == FAILED
+    crashed = gpu_stages.run_stage("d", budget, 10, crash)
     assert crashed.status == FAILED and crashed.reason.startswith("KeyError")
 
 
@@ -251,14 +251,14 @@ def test_a_stage_gets_no_more_than_what_is_left_of_the_budget() -> None:
     now[0] = 120.0
     assert budget.timeout(20) == 10
     now[0] = 128.0
-    spent = gpu_check.run_stage("late", budget, 20, lambda t: {})
+    spent = gpu_stages.run_stage("late", budget, 20, lambda t: {})
     assert spent.status == SKIPPED and "budget is spent" in spent.reason
 
 
 def test_no_nvidia_smi_skips_with_the_reason(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(StageSkipped, match="nvidia-smi is not on PATH"):
-        gpu_check.probe_gpu(5)
+        gpu_host.probe_gpu(5)
 
 
 def fake_nvidia_smi(directory: Path, body: str) -> None:
@@ -274,7 +274,7 @@ def test_the_gpu_probe_reads_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_pat
         'else echo "| NVIDIA-SMI 580.65.06   Driver Version: 580.65.06   CUDA Version: 13.0 |"; fi',
     )
     monkeypatch.setenv("PATH", str(tmp_path))
-    found = gpu_check.probe_gpu(5)
+    found = gpu_host.probe_gpu(5)
     assert found["gpus"] == [{"name": "NVIDIA H200", "driver": "580.65.06", "memory": "143771 MiB"}]
     assert found["driver_cuda"] == "13.0"
 
@@ -283,7 +283,7 @@ def test_a_failing_nvidia_smi_is_no_gpu(monkeypatch: pytest.MonkeyPatch, tmp_pat
     fake_nvidia_smi(tmp_path, 'echo "NVIDIA-SMI has failed: no devices" >&2; exit 9')
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(StageSkipped, match="exited 9"):
-        gpu_check.probe_gpu(5)
+        gpu_host.probe_gpu(5)
 
 
 def test_the_narrator_stage_fails_when_the_llm_server_failed() -> None:
@@ -293,12 +293,12 @@ def test_the_narrator_stage_fails_when_the_llm_server_failed() -> None:
         mode=narrator_pb2.NARRATION_MODE_EXTRACTIVE, degraded_reason="unavailable: connection refused"
     )
     with pytest.raises(StageFailed, match="could not use the LLM"):
-        gpu_check.narration_result(0.01, 0.02, 1, down)
+        gpu_narrator.narration_result(0.01, 0.02, 1, down)
     # The small model's unverifiable wording is not a serving failure.
     worded = narrator_pb2.Answer(
         mode=narrator_pb2.NARRATION_MODE_EXTRACTIVE, degraded_reason="invalid_output: no verifiable sentence"
     )
-    data = gpu_check.narration_result(0.05, 0.8, 12, worded)
+    data = gpu_narrator.narration_result(0.05, 0.8, 12, worded)
     assert data["ttft_ms"] == 50.0 and data["total_ms"] == 800.0 and data["mode"] == "extractive"
 
 
@@ -307,24 +307,24 @@ def test_the_narrator_stage_fails_when_the_llm_server_failed() -> None:
 
 def test_pip_installs_from_the_index_or_only_from_the_wheel_directory(tmp_path: Path) -> None:
     python = Path("/v/bin/python")
-    online = gpu_check.pip_install_command(python, Path("requirements-gpu-onnx.txt"), None)
+    online = gpu_envs.pip_install_command(python, Path("requirements-gpu-onnx.txt"), None)
     assert online[:4] == ["/v/bin/python", "-m", "pip", "install"]
     assert online[-2:] == ["-r", "requirements-gpu-onnx.txt"] and "--no-index" not in online
-    offline = gpu_check.pip_install_command(python, Path("r.txt"), tmp_path)
+    offline = gpu_envs.pip_install_command(python, Path("r.txt"), tmp_path)
     assert offline[-3:] == ["--no-index", "--find-links", str(tmp_path)]
-    pinned = gpu_check.pip_install_command(python, Path("r.txt"), None, Path("requirements.lock"))
+    pinned = gpu_envs.pip_install_command(python, Path("r.txt"), None, Path("requirements.lock"))
     assert pinned[-2:] == ["-c", "requirements.lock"]
 
 
 def test_the_onnx_venv_is_pinned_to_the_lock_and_the_vllm_venv_is_not() -> None:
-    onnx, vllm = gpu_check.env_plans(gpu_check.parse_args(["--no-install"]))
-    assert onnx.constraints == gpu_check.LOCK and onnx.link_project
+    onnx, vllm = gpu_envs.env_plans(gpu_check.parse_args(["--no-install"]))
+    assert onnx.constraints == gpu_envs.LOCK and onnx.link_project
     assert vllm.constraints is None and not vllm.link_project
     assert not onnx.install and not vllm.install
 
 
 def test_pip_download_targets_another_python_only_when_asked(tmp_path: Path) -> None:
-    here = gpu_check.pip_download_command("py", Path("r.txt"), tmp_path)
+    here = gpu_envs.pip_download_command("py", Path("r.txt"), tmp_path)
     assert here == [
         "py",
         "-m",
@@ -336,7 +336,7 @@ def test_pip_download_targets_another_python_only_when_asked(tmp_path: Path) -> 
         "-d",
         str(tmp_path),
     ]
-    there = gpu_check.pip_download_command("py", Path("r.txt"), tmp_path, "3.11", "manylinux_2_28_x86_64")
+    there = gpu_envs.pip_download_command("py", Path("r.txt"), tmp_path, "3.11", "manylinux_2_28_x86_64")
     assert there[-5:] == [
         "--only-binary=:all:",
         "--python-version",
@@ -347,8 +347,8 @@ def test_pip_download_targets_another_python_only_when_asked(tmp_path: Path) -> 
 
 
 def test_the_venv_sees_system_packages_only_when_asked() -> None:
-    assert gpu_check.venv_command("py", Path("v"), False) == ["py", "-m", "venv", "v"]
-    assert gpu_check.venv_command("py", Path("v"), True) == [
+    assert gpu_envs.venv_command("py", Path("v"), False) == ["py", "-m", "venv", "v"]
+    assert gpu_envs.venv_command("py", Path("v"), True) == [
         "py",
         "-m",
         "venv",
@@ -358,7 +358,7 @@ def test_the_venv_sees_system_packages_only_when_asked() -> None:
 
 
 def test_vllm_serves_on_loopback_eagerly_under_the_narrators_model_name() -> None:
-    command = gpu_check.vllm_command(
+    command = gpu_serving.vllm_command(
         Path("/v/bin/vllm"), "/m", port=8123, served_name="smollm2-135m-instruct"
     )
     assert command[:3] == ["/v/bin/vllm", "serve", "/m"]
@@ -366,14 +366,14 @@ def test_vllm_serves_on_loopback_eagerly_under_the_narrators_model_name() -> Non
     assert flags["--host"] == "127.0.0.1" and flags["--port"] == "8123"
     assert flags["--served-model-name"] == "smollm2-135m-instruct"
     assert "--enforce-eager" in command and "--tokenizer" not in command
-    with_tokenizer = gpu_check.vllm_command(
+    with_tokenizer = gpu_serving.vllm_command(
         Path("vllm"), "m.gguf", port=1, served_name="s", tokenizer="/tok", extra=["--seed", "3"]
     )
     assert with_tokenizer[-4:] == ["--tokenizer", "/tok", "--seed", "3"]
 
 
 def test_the_llm_stages_run_offline() -> None:
-    env = gpu_check.offline_env()
+    env = gpu_serving.offline_env()
     assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
     assert env["VLLM_NO_USAGE_STATS"] == "1"
 
@@ -383,17 +383,15 @@ def test_the_onnx_venv_imports_the_gpu_build_before_the_projects(tmp_path: Path)
     venv's own site-packages shadows the project's copy (as onnxruntime-gpu shadows onnxruntime)."""
     venv = tmp_path / "onnx"
     plan = EnvPlan("onnx_env", venv, ROOT / "requirements-gpu-onnx.txt", None, False, False, True)
-    subprocess.run(
-        [*gpu_check.venv_command(gpu_check.base_python(), venv, False), "--without-pip"], check=True
-    )
-    data = gpu_check.prepare_env(plan, 60, tmp_path / "log")
+    subprocess.run([*gpu_envs.venv_command(gpu_envs.base_python(), venv, False), "--without-pip"], check=True)
+    data = gpu_envs.prepare_env(plan, 60, tmp_path / "log")
     assert data["packages"] == "not installed (--no-install)"
-    own = gpu_check.site_packages(gpu_check.venv_python(venv), 30)
+    own = gpu_envs.site_packages(gpu_envs.venv_python(venv), 30)
     (own / "onnxruntime").mkdir()
     (own / "onnxruntime" / "__init__.py").write_text("SHADOW = True\n")
     probe = "import onnxruntime, meshkit.onnxrt, tokenizers; print(getattr(onnxruntime, 'SHADOW', False))"
     out = subprocess.run(
-        [str(gpu_check.venv_python(venv)), "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+        [str(gpu_envs.venv_python(venv)), "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == "True"
 
@@ -401,9 +399,9 @@ def test_the_onnx_venv_imports_the_gpu_build_before_the_projects(tmp_path: Path)
 def test_a_failing_command_fails_its_stage_with_the_end_of_its_log(tmp_path: Path) -> None:
     log = tmp_path / "x.log"
     with pytest.raises(StageFailed, match=r"exited 3.*boom"):
-        gpu_check.run_command([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], 30, log)
+        gpu_host.run_command([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], 30, log)
     with pytest.raises(StageFailed, match="timed out after 1s"):
-        gpu_check.run_command([sys.executable, "-c", "import time; time.sleep(30)"], 1, log)
+        gpu_host.run_command([sys.executable, "-c", "import time; time.sleep(30)"], 1, log)
 
 
 def http_files(root: Path, port: int) -> subprocess.Popen[bytes]:
@@ -419,19 +417,19 @@ def test_a_server_is_ready_when_health_answers_and_it_lists_the_model(tmp_path: 
     (tmp_path / "v1").mkdir()
     (tmp_path / "health").write_text("ok")
     (tmp_path / "v1" / "models").write_text('{"data": [{"id": "smollm2-135m-instruct"}]}')
-    port = gpu_check.free_port()
+    port = gpu_host.free_port()
     server = http_files(tmp_path, port)
     try:
-        ready = gpu_check.wait_ready(
+        ready = gpu_serving.wait_ready(
             server, f"http://127.0.0.1:{port}", "smollm2-135m-instruct", 20, tmp_path / "l"
         )
         assert ready < 20
         # llama.cpp lists its file path, not the name: /health alone is enough when no name is asked.
-        assert gpu_check.wait_ready(server, f"http://127.0.0.1:{port}", "", 20, tmp_path / "l") < 20
+        assert gpu_serving.wait_ready(server, f"http://127.0.0.1:{port}", "", 20, tmp_path / "l") < 20
         with pytest.raises(StageFailed, match="not ready after 2s"):
-            gpu_check.wait_ready(server, f"http://127.0.0.1:{port}", "another-model", 2, tmp_path / "l")
+            gpu_serving.wait_ready(server, f"http://127.0.0.1:{port}", "another-model", 2, tmp_path / "l")
     finally:
-        gpu_check.stop_process(server)
+        gpu_host.stop_process(server)
 
 
 def test_a_server_that_exits_while_starting_fails_with_its_log(tmp_path: Path) -> None:
@@ -440,4 +438,4 @@ def test_a_server_that_exits_while_starting_fails_with_its_log(tmp_path: Path) -
     dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"], start_new_session=True)
     dead.wait()
     with pytest.raises(StageFailed, match=r"exited 1 while starting.*no CUDA device"):
-        gpu_check.wait_ready(dead, "http://127.0.0.1:9", "m", 10, log)
+        gpu_serving.wait_ready(dead, "http://127.0.0.1:9", "m", 10, log)

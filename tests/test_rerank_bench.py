@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import rerank_bench
+from bench import rerank_bench, rerank_inprocess, rerank_quality, rerank_workloads
 from meshkit.settings import RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2
 from services.reranker.model import CrossEncoderModel
@@ -62,8 +62,8 @@ def test_the_summary_holds_the_35_candidate_figures_and_the_loss() -> None:
 
 
 def test_the_same_model_on_both_sides_loses_nothing_and_says_so() -> None:
-    spec = rerank_bench.ModelSpec(MODEL_DIR)
-    quality = rerank_bench.quality_comparison(spec, spec, Path("no-dataset-needed"), 10, None, 1.0)
+    spec = rerank_workloads.ModelSpec(MODEL_DIR)
+    quality = rerank_quality.quality_comparison(spec, spec, Path("no-dataset-needed"), 10, None, 1.0)
     assert quality["same_model"] and quality["ndcg10_loss"] == 0.0
     assert "same model" in quality["basis"]
     line = rerank_bench.summary(report(quality))
@@ -80,7 +80,7 @@ def test_reranked_documents_follow_the_models_scores_each_document_once() -> Non
         "Older adults taking vitamin D had fewer fractures than those on placebo.",
     ]
     docs = ["budget", "vitd", "rain", "vitd"]
-    ranked = rerank_bench.reranked_docs(model, query, texts, docs)
+    ranked = rerank_quality.reranked_docs(model, query, texts, docs)
     scores, _ = model.score(query, texts)
     best = docs[int(np.argmax(scores))]
     assert ranked[0] == best == "vitd"
@@ -91,29 +91,29 @@ def test_the_default_is_the_model_as_the_service_serves_it(monkeypatch: pytest.M
     monkeypatch.setenv("RAGMESH_RERANKER_MAX_TOKENS", "128")
     monkeypatch.setenv("RAGMESH_RERANKER_PASSAGE_WINDOW", "overlap")
     monkeypatch.setenv("RAGMESH_RERANKER_WINDOW_HEAD_TOKENS", "16")
-    served = rerank_bench.served_spec(MODEL_DIR)
-    assert served == rerank_bench.ModelSpec(MODEL_DIR, 128, "overlap", 16)
+    served = rerank_workloads.served_spec(MODEL_DIR)
+    assert served == rerank_workloads.ModelSpec(MODEL_DIR, 128, "overlap", 16)
     # Served shorter than the quality option: not the same model, so the loss must be measured.
-    assert served != rerank_bench.ModelSpec(MODEL_DIR)
+    assert served != rerank_workloads.ModelSpec(MODEL_DIR)
     model = served.load()
     assert (model.max_tokens, model.window, model.window_head_tokens) == (128, "overlap", 16)
     # Served at full length with head windows it is the quality option itself: nothing to measure.
     monkeypatch.setenv("RAGMESH_RERANKER_MAX_TOKENS", "0")
     monkeypatch.setenv("RAGMESH_RERANKER_PASSAGE_WINDOW", "head")
-    assert rerank_bench.served_spec(MODEL_DIR) == rerank_bench.ModelSpec(MODEL_DIR)
+    assert rerank_workloads.served_spec(MODEL_DIR) == rerank_workloads.ModelSpec(MODEL_DIR)
 
 
 @pytest.mark.parametrize("text", ["160:overlap:32", "160:middle:32:35", "x:head:0:35", "160:head:-1:35"])
 def test_a_malformed_variant_is_refused_with_the_expected_form(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=re.escape("TOKENS:head|overlap:OPENING:CANDIDATES")):
-        rerank_bench.Variant.parse(text)
+        rerank_workloads.Variant.parse(text)
 
 
 def test_a_variant_reads_back_as_written() -> None:
-    variant = rerank_bench.Variant.parse("160:overlap:32:35")
+    variant = rerank_workloads.Variant.parse("160:overlap:32:35")
     assert (variant.tokens, variant.window, variant.head, variant.candidates) == (160, "overlap", 32, 35)
     assert str(variant) == "160:overlap:32:35"
-    assert variant.spec(MODEL_DIR) == rerank_bench.ModelSpec(MODEL_DIR, 160, "overlap", 32)
+    assert variant.spec(MODEL_DIR) == rerank_workloads.ModelSpec(MODEL_DIR, 160, "overlap", 32)
 
 
 def test_the_in_process_order_follows_the_gateways_rules() -> None:
@@ -121,10 +121,10 @@ def test_the_in_process_order_follows_the_gateways_rules() -> None:
         gateway_pb2.SearchResult(chunk_id=f"c{i}", doc_id=f"d{i}", fused_score=1 / (i + 1)) for i in range(5)
     ]
     # d1 fails the threshold (-5): after those that pass, not dropped; d4 was not reranked.
-    order = rerank_bench.reranked_order(results, 4, [0.0, -9.0, 3.0, 1.0], weight=0.0)
+    order = rerank_inprocess.reranked_order(results, 4, [0.0, -9.0, 3.0, 1.0], weight=0.0)
     assert order == ["d2", "d3", "d0", "d1", "d4"]
     # None passes: the fused order stands.
-    assert rerank_bench.reranked_order(results, 4, [-9.0] * 4, weight=0.5) == [f"d{i}" for i in range(5)]
+    assert rerank_inprocess.reranked_order(results, 4, [-9.0] * 4, weight=0.5) == [f"d{i}" for i in range(5)]
     # A heavy fused weight brings the fused order back among those that pass.
-    heavy = rerank_bench.reranked_order(results, 4, [0.0, -9.0, 3.0, 1.0], weight=100.0)
+    heavy = rerank_inprocess.reranked_order(results, 4, [0.0, -9.0, 3.0, 1.0], weight=100.0)
     assert heavy[:3] == ["d0", "d2", "d3"]

@@ -10,7 +10,7 @@ import pytest
 
 from bench import rerank_variants
 from bench.qa import GRPC_DOCS_FILE, read
-from bench.rerank_bench import Variant
+from bench.rerank_workloads import Variant
 from meshkit.settings import RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2
 

@@ -22,296 +22,38 @@ What must hold (docs: deploy/k8s/README.md "Security"):
 * **NATS**: at least 3 servers, all routed, spread over nodes, a disruption budget that keeps a
   quorum, TLS and users in its configuration, an explicit sync interval, streams replicated
   (RAGMESH_NATS_STREAM_REPLICAS) on that many servers, clients on tls://; MinIO over HTTPS.
+
+This file holds the checks; what they check against is beside it: manifest_mesh.py (workloads,
+identities, call graph, ports), manifest_objects.py (the rendered objects) and
+manifest_netpolicy.py (NetworkPolicy semantics).
 """
 
 from __future__ import annotations
 
 import base64
-import functools
-import importlib.util
-import ipaddress
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-
-HERE = Path(__file__).resolve().parent
-
-GRPC = 50051
-OPS = "ragmesh-ops"
-BOOTSTRAP = "ragmesh-bootstrap"
-PUBLIC = ("gateway", "ingestion")
-METRICS_PORTS = frozenset({9090, 8222, 9000, 8000})
-
-
-@functools.cache
-def _make_secrets() -> Any:
-    # make_secrets.py is a standalone script (operators run it without the project installed).
-    spec = importlib.util.spec_from_file_location("ragmesh_make_secrets", HERE / "make_secrets.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("ragmesh_make_secrets", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _catalogue() -> dict[str, tuple[str, ...]]:
-    return {s.name: s.keys for s in _make_secrets().catalogue()}
-
-
-def stages() -> tuple[str, ...]:
-    """The mesh's workloads: one identity (certificate) each, as make_secrets.py issues them."""
-    return tuple(_make_secrets().IDENTITIES)
-
-
-def _calls() -> frozenset[tuple[str, str, int]]:
-    calls = {
-        ("gateway", s, GRPC)
-        for s in ("planner", "embedder", "index", "sparse", "reranker", "extractor", "narrator")
-    }
-    calls |= {("extractor", "embedder", GRPC)}
-    calls |= {("ingestion-worker", s, GRPC) for s in ("embedder", "index", "sparse")}
-    calls |= {(s, "llm", 8000) for s in ("planner", "extractor", "narrator")}
-    calls |= {(s, "nats", 4222) for s in ("ingestion", "ingestion-worker", "index", "sparse", BOOTSTRAP)}
-    calls |= {("nats", "nats", 6222)}
-    calls |= {
-        (s, "minio", 9000)
-        for s in ("ingestion", "ingestion-worker", "index", "sparse", "reranker", BOOTSTRAP)
-    }
-    calls |= {(OPS, s, GRPC) for s in stages()}
-    return frozenset(calls)
-
-
-# Who calls whom (team.md): (caller, callee, port), by app.kubernetes.io/name.
-CALLS = _calls()
-# Allowed where an overlay needs it: vLLM fetching its weights from the object store.
-OPTIONAL_CALLS = frozenset({("llm", "minio", 9000)})
-TLS_SETTINGS = (
-    "RAGMESH_TLS_CERT_FILE",
-    "RAGMESH_TLS_KEY_FILE",
-    "RAGMESH_TLS_CLIENT_CA_FILE",
-    "RAGMESH_TLS_CA_FILE",
-    "RAGMESH_TLS_CLIENT_CERT_FILE",
-    "RAGMESH_TLS_CLIENT_KEY_FILE",
+from manifest_mesh import (
+    BOOTSTRAP,
+    CALLS,
+    GRPC,
+    METRICS_PORTS,
+    OPS,
+    OPTIONAL_CALLS,
+    PUBLIC,
+    TLS_SETTINGS,
+    secret_catalogue,
+    stages,
 )
+from manifest_netpolicy import Policies, selects
+from manifest_objects import External, Pod, Rendered
+
 PLACEHOLDER = re.compile(r"replace[-_]?me|changeme|placeholder", re.IGNORECASE)
-WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet")
-
-
-# ---------------------------------------------------------------------------- the rendered objects
-
-
-@dataclass
-class Pod:
-    """A pod template (or a hypothetical pod used as a probe of the policies)."""
-
-    name: str  # app.kubernetes.io/name, or a description for hypothetical pods
-    labels: dict[str, str]
-    namespace_labels: dict[str, str]
-    spec: dict[str, Any] = field(default_factory=dict)
-    workload: dict[str, Any] = field(default_factory=dict)
-    in_namespace: bool = True
-
-    @property
-    def ports(self) -> set[int]:
-        return {
-            int(p["containerPort"])
-            for c in self.spec.get("containers", [])
-            for p in c.get("ports", [])
-            if "containerPort" in p
-        }
-
-    def containers(self) -> list[dict[str, Any]]:
-        return list(self.spec.get("initContainers", [])) + list(self.spec.get("containers", []))
-
-
-@dataclass(frozen=True)
-class External:
-    """A source or destination outside ragmesh's pods: an address, or a pod elsewhere."""
-
-    name: str
-    ip: str | None = None
-    pod: Pod | None = None
-
-
-class Rendered:
-    def __init__(self, docs: Iterable[dict[str, Any]]) -> None:
-        self.docs = [d for d in docs if isinstance(d, dict)]
-        self.namespace = next((d["metadata"]["name"] for d in self.of("Namespace")), "ragmesh")
-        ns: dict[str, Any] = next((d for d in self.of("Namespace")), {"metadata": {}})
-        self.namespace_labels = {
-            **(ns["metadata"].get("labels") or {}),
-            "kubernetes.io/metadata.name": self.namespace,
-        }
-        self.configmaps = {d["metadata"]["name"]: d.get("data") or {} for d in self.of("ConfigMap")}
-        self.pods = [self._pod(w) for w in self.docs if w.get("kind") in WORKLOAD_KINDS]
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [d for d in self.docs if d.get("kind") == kind]
-
-    def _pod(self, workload: dict[str, Any]) -> Pod:
-        template = workload["spec"]["template"]
-        labels = dict(template.get("metadata", {}).get("labels") or {})
-        name = labels.get("app.kubernetes.io/name", workload["metadata"]["name"])
-        return Pod(name, labels, self.namespace_labels, template.get("spec") or {}, workload)
-
-    def env(self, container: Mapping[str, Any]) -> dict[str, str]:
-        """A container's environment as far as the render says: ConfigMap values resolved,
-        Secret values as `<secret NAME>`."""
-        env: dict[str, str] = {}
-        for source in container.get("envFrom", []):
-            if "configMapRef" in source:
-                env.update(self.configmaps.get(source["configMapRef"]["name"], {}))
-            elif "secretRef" in source:
-                for spec in _catalogue().get(source["secretRef"]["name"], ()):
-                    env[spec] = f"<secret {source['secretRef']['name']}>"
-        for item in container.get("env", []):
-            if "value" in item:
-                env[item["name"]] = str(item["value"])
-            elif "secretKeyRef" in (item.get("valueFrom") or {}):
-                env[item["name"]] = f"<secret {item['valueFrom']['secretKeyRef']['name']}>"
-            elif "configMapKeyRef" in (item.get("valueFrom") or {}):
-                ref = item["valueFrom"]["configMapKeyRef"]
-                env[item["name"]] = self.configmaps.get(ref["name"], {}).get(ref["key"], "")
-            else:
-                env[item["name"]] = "<field>"
-        return env
-
-
-# ---------------------------------------------------------------------------- NetworkPolicy semantics
-
-
-def selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    if selector is None:
-        return False
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-        present = key in labels
-        if (
-            (op == "In" and (not present or labels[key] not in values))
-            or (op == "NotIn" and present and labels[key] in values)
-            or (op == "Exists" and not present)
-            or (op == "DoesNotExist" and present)
-        ):
-            return False
-    return True
-
-
-def _peer_matches(peer: Mapping[str, Any], policy_ns: Mapping[str, str], other: Pod | External) -> bool:
-    if "ipBlock" in peer:
-        # Conservative: an ipBlock may match pod addresses too (CNI-dependent).
-        block = peer["ipBlock"]
-        if isinstance(other, External) and other.ip is not None:
-            address = ipaddress.ip_address(other.ip)
-            net = ipaddress.ip_network(block["cidr"])
-            if address.version != net.version or address not in net:
-                return False
-            return not any(
-                address in ipaddress.ip_network(e)
-                for e in block.get("except") or []
-                if ipaddress.ip_network(e).version == address.version
-            )
-        return True
-    pod = other.pod if isinstance(other, External) else other
-    if pod is None:
-        return False  # an address is matched by ipBlocks only
-    ns_selector = peer.get("namespaceSelector")
-    if ns_selector is None:
-        if pod.namespace_labels != policy_ns:
-            return False
-    elif not selects(ns_selector, pod.namespace_labels):
-        return False
-    pod_selector = peer.get("podSelector")
-    return pod_selector is None or selects(pod_selector, pod.labels)
-
-
-def _rule_allows(
-    rule: Mapping[str, Any],
-    peers_key: str,
-    ns: Mapping[str, str],
-    other: Pod | External,
-    port: int,
-    port_names: Mapping[str, int],
-) -> bool:
-    peers = rule.get(peers_key)
-    if peers and not any(_peer_matches(p, ns, other) for p in peers):
-        return False
-    ports = rule.get("ports")
-    return not ports or any(_port_matches(p, port, port_names) for p in ports)
-
-
-def _port_matches(spec: Mapping[str, Any], port: int, port_names: Mapping[str, int]) -> bool:
-    """`port_names`: the destination pod's named container ports (a policy may name a port)."""
-    if "port" not in spec:
-        return True
-    value = spec["port"]
-    low = int(value) if str(value).isdigit() else port_names.get(str(value), -1)
-    high = int(spec.get("endPort", low))
-    return low <= port <= high
-
-
-def _port_names(pod: Pod | External) -> dict[str, int]:
-    target = pod.pod if isinstance(pod, External) else pod
-    if target is None:
-        return {}
-    return {
-        p["name"]: int(p["containerPort"])
-        for c in target.spec.get("containers", [])
-        for p in c.get("ports", [])
-        if "name" in p
-    }
-
-
-class Policies:
-    def __init__(self, rendered: Rendered) -> None:
-        self.items = rendered.of("NetworkPolicy")
-        self.ns = rendered.namespace_labels
-
-    def _selecting(self, pod: Pod, direction: str) -> list[dict[str, Any]]:
-        if not pod.in_namespace:
-            return []
-        out = []
-        for p in self.items:
-            spec = p["spec"]
-            types = spec.get("policyTypes") or (["Ingress", "Egress"] if "egress" in spec else ["Ingress"])
-            if direction in types and selects(spec.get("podSelector", {}), pod.labels):
-                out.append(spec)
-        return out
-
-    def isolated(self, pod: Pod, direction: str) -> bool:
-        return bool(self._selecting(pod, direction))
-
-    def ingress_allows(self, dst: Pod, src: Pod | External, port: int) -> bool:
-        specs = self._selecting(dst, "Ingress")
-        if not specs:
-            return True
-        names = _port_names(dst)
-        return any(
-            _rule_allows(r, "from", self.ns, src, port, names) for s in specs for r in s.get("ingress") or []
-        )
-
-    def egress_allows(self, src: Pod, dst: Pod | External, port: int) -> bool:
-        if not src.in_namespace:
-            return True  # outside the namespace: not ours to restrict
-        specs = self._selecting(src, "Egress")
-        if not specs:
-            return True
-        names = _port_names(dst)
-        return any(
-            _rule_allows(r, "to", self.ns, dst, port, names) for s in specs for r in s.get("egress") or []
-        )
-
-    def connects(self, src: Pod | External, dst: Pod | External, port: int) -> bool:
-        src_ok = self.egress_allows(src, dst, port) if isinstance(src, Pod) else True
-        dst_ok = self.ingress_allows(dst, src, port) if isinstance(dst, Pod) else True
-        return src_ok and dst_ok
 
 
 # ---------------------------------------------------------------------------- the checks
@@ -539,7 +281,7 @@ def _minio_root_secrets(r: Rendered) -> set[str]:
 
 def check_credentials(r: Rendered) -> list[str]:
     findings: list[str] = []
-    catalogue = _catalogue()
+    catalogue = secret_catalogue()
     for secret in r.of("Secret"):
         values = [*(secret.get("stringData") or {}).values(), *(secret.get("data") or {}).values()]
         decoded = []

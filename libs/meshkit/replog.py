@@ -21,23 +21,33 @@ its last part.
 Positions are kept per collection (``Positions``): a store restores one collection from an
 older snapshot while the others are further on, and the reader rewinds for it while the others
 skip what they already hold.
+
+The pieces: ``replog_transport`` (the transport contract), ``replog_jetstream`` and
+``replog_memory`` (the transports), ``replog_positions`` (positions per collection); this module
+holds the log itself (``ReplicatedLog``) and picks the transport (``transport_for``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from meshkit.fsutil import write_atomic
+from meshkit.replog_jetstream import JetStreamTransport
+from meshkit.replog_memory import MemoryTransport
+from meshkit.replog_positions import Positions
+from meshkit.replog_transport import (
+    ERROR_BACKOFF_S,
+    LogMessage,
+    LogTransport,
+    LogUnavailable,
+    WrongLastSequence,
+)
 from meshkit.settings import StoreSettings
 
 log = logging.getLogger(__name__)
@@ -47,10 +57,6 @@ T = TypeVar("T")
 HEADER_ENTRY = "Ragmesh-Entry"
 HEADER_PREV = "Ragmesh-Prev"
 HEADER_PART = "Ragmesh-Part"
-SUBJECT_PREFIX = "ragmesh.log"
-TICK_PREFIX = "ragmesh.logtick"
-# Room kept in every message for headers (ours and the server's) under the server's max_payload.
-_HEADER_ROOM = 8 * 1024
 # A JetStream atomic batch holds at most this many messages (the server's default limit).
 _MAX_PARTS = 1000
 # Appends retried after the subject moved on (another replica appended first).
@@ -58,42 +64,11 @@ _MAX_APPEND_ATTEMPTS = 64
 # After this replica appended, the entry may take a moment to be readable on the replica of the
 # stream that answers direct gets: look again this soon rather than after a whole poll period.
 _QUICK_RETRY_S = 0.01
-# Longest wait for JetStream's ack of an append. A healthy server acks in milliseconds (a 32 MB
-# multi-part entry in about a second); a request written to a connection that died before its
-# ack came back is never answered, and waiting longer would hold the append lock, and with it
-# every write of the shard. Unacknowledged is reported as UNAVAILABLE: the entry may or may not
-# be in the log, and the writer's retry is idempotent.
-_APPEND_ACK_TIMEOUT_S = 10.0
-_ERROR_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
-_WRONG_LAST_RE = re.compile(r"wrong last sequence: (\d+)")
-_ERR_WRONG_LAST_SEQUENCE = 10071
-_CLOSE_TIMEOUT_S = 5.0
 _STOP_TIMEOUT_S = 60.0
-# Messages an in-process log keeps behind its reader.
-_MEMORY_KEEP = 256
-
-
-class LogUnavailable(RuntimeError):
-    """The log cannot be reached (or refused the append): nothing was acknowledged."""
 
 
 class LogTimeout(RuntimeError):
     """The entry is in the log but this replica has not applied it within the time allowed."""
-
-
-class WrongLastSequence(Exception):
-    """The subject's last message is not the one the writer named."""
-
-    def __init__(self, actual: int) -> None:
-        super().__init__(f"the log's last entry is {actual}")
-        self.actual = actual
-
-
-@dataclass(frozen=True)
-class LogMessage:
-    seq: int
-    data: bytes
-    headers: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -107,389 +82,12 @@ class Entry:
     data: bytes
 
 
-class LogTransport(Protocol):
-    """Where a log lives: one subject of one stream."""
-
-    @property
-    def description(self) -> str: ...
-
-    @property
-    def max_message_bytes(self) -> int: ...
-
-    async def open(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def identity(self) -> str:
-        """Names this log; a different answer means the log was recreated (its positions restart)."""
-        ...
-
-    async def publish(self, messages: Sequence[tuple[bytes, dict[str, str]]], expected_last: int) -> int:
-        """Append the messages as one unit after ``expected_last``; returns the last one's sequence.
-        Raises WrongLastSequence or LogUnavailable."""
-        ...
-
-    async def next_after(self, seq: int) -> LogMessage | None:
-        """The subject's first message with a sequence above ``seq``; None when there is none."""
-        ...
-
-    async def notify(self) -> None:
-        """Tell the other replicas that something was appended (best effort)."""
-        ...
-
-    def on_notify(self, callback: Callable[[], None]) -> None: ...
-
-
-def log_subject(kind: str, shard: int) -> str:
-    return f"{SUBJECT_PREFIX}.{kind}.{shard}"
-
-
-def tick_subject(kind: str, shard: int) -> str:
-    # Outside the stream's subjects, so a wake-up is never stored.
-    return f"{TICK_PREFIX}.{kind}.{shard}"
-
-
-# ----------------------------------------------------------------------------- JetStream
-
-
-class JetStreamTransport:
-    """A log in NATS JetStream. Connects in the background (a replica starts and serves its
-    local state while NATS is down) and declares the stream idempotently."""
-
-    def __init__(
-        self, settings: StoreSettings, stream: str, kind: str, shard: int, *, client_name: str
-    ) -> None:
-        self.settings = settings
-        self.stream = stream
-        self.subject = log_subject(kind, shard)
-        self.tick = tick_subject(kind, shard)
-        self.kind = kind
-        self._client_name = client_name
-        self._nc: Any = None
-        self._js: Any = None
-        self._ready = asyncio.Event()
-        self._connector: asyncio.Task[None] | None = None
-        self._callbacks: list[Callable[[], None]] = []
-
-    @property
-    def description(self) -> str:
-        return f"{self.stream}/{self.subject}"
-
-    @property
-    def max_message_bytes(self) -> int:
-        server_max = int(getattr(self._nc, "max_payload", 0) or 1024 * 1024)
-        return max(1024, min(self.settings.store_log_entry_bytes, server_max - _HEADER_ROOM))
-
-    async def open(self) -> None:
-        if self._connector is None:
-            self._connector = asyncio.create_task(self._connect(), name=f"replog-connect-{self.subject}")
-
-    async def _connect(self) -> None:
-        import nats
-
-        from meshkit.natsconn import connect_options
-
-        # max_reconnect_attempts=-1 also keeps the first connection trying until NATS is up.
-        self._nc = await nats.connect(
-            **connect_options(self.settings),
-            name=self._client_name,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            connect_timeout=2,
-            error_cb=self._on_error,
-            disconnected_cb=self._on_disconnected,
-            reconnected_cb=self._on_reconnected,
-        )
-        self._js = self._nc.jetstream(timeout=10)
-        await self._nc.subscribe(self.tick, cb=self._on_tick)
-        for attempt in range(1_000_000):
-            try:
-                await ensure_log_stream(self._js, self.settings, self.stream, self.kind)
-                break
-            except Exception as exc:
-                log.warning(
-                    "log stream not ready; retrying", extra={"stream": self.stream, "error": str(exc)}
-                )
-                await asyncio.sleep(_ERROR_BACKOFF_S[min(attempt, len(_ERROR_BACKOFF_S) - 1)])
-        self._ready.set()
-        log.info("replicated log connected", extra={"stream": self.stream, "subject": self.subject})
-
-    async def _on_error(self, exc: Exception) -> None:
-        # Every failed reconnect lands here (twice a second while NATS is down): the reader
-        # reports the outage once, with its effect.
-        log.debug("nats client error", extra={"error": str(exc)})
-
-    async def _on_disconnected(self) -> None:
-        log.info("disconnected from NATS", extra={"subject": self.subject})
-
-    async def _on_reconnected(self) -> None:
-        log.info("reconnected to NATS", extra={"subject": self.subject})
-
-    async def _on_tick(self, _msg: Any) -> None:
-        for callback in self._callbacks:
-            callback()
-
-    def on_notify(self, callback: Callable[[], None]) -> None:
-        self._callbacks.append(callback)
-
-    async def close(self) -> None:
-        if self._connector is not None:
-            self._connector.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._connector
-        if self._nc is not None:
-            # A client in the middle of reconnecting can take long to close: never hold up a
-            # shutdown for it.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._nc.close(), _CLOSE_TIMEOUT_S)
-
-    def _jetstream(self) -> Any:
-        if not self._ready.is_set() or self._nc is None or not self._nc.is_connected:
-            raise LogUnavailable(f"NATS is not reachable (log {self.description})")
-        return self._js
-
-    async def identity(self) -> str:
-        js = self._jetstream()
-        try:
-            info = await js.stream_info(self.stream)
-        except Exception as exc:
-            raise LogUnavailable(f"stream info of {self.stream}: {exc}") from exc
-        created = info.created.isoformat() if info.created is not None else ""
-        return f"{self.stream}@{created}"
-
-    async def publish(self, messages: Sequence[tuple[bytes, dict[str, str]]], expected_last: int) -> int:
-        import nats.errors
-        import nats.js.errors
-
-        js = self._jetstream()
-        expect = {"Nats-Expected-Last-Subject-Sequence": str(expected_last)}
-        timeout = min(_APPEND_ACK_TIMEOUT_S, self.settings.store_write_timeout_s)
-        try:
-            if len(messages) == 1:
-                data, headers = messages[0]
-                ack = await js.publish(self.subject, data, headers={**headers, **expect}, timeout=timeout)
-                return int(ack.seq)
-            batch = uuid.uuid4().hex
-            for i, (data, headers) in enumerate(messages, 1):
-                extra = {"Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(i)}
-                if i == 1:
-                    extra.update(expect)
-                if i < len(messages):
-                    await self._nc.publish(self.subject, data, headers={**headers, **extra})
-                    continue
-                extra["Nats-Batch-Commit"] = "1"
-                ack = await js.publish(self.subject, data, headers={**headers, **extra}, timeout=timeout)
-                return int(ack.seq)
-        except nats.js.errors.APIError as exc:
-            actual = _wrong_last(exc)
-            if actual is not None:
-                raise WrongLastSequence(actual) from None
-            raise LogUnavailable(f"the log refused the append: {exc.description}") from exc
-        except (TimeoutError, nats.errors.Error, OSError) as exc:
-            raise LogUnavailable(f"append to {self.description} failed: {type(exc).__name__}") from exc
-        raise AssertionError("unreachable: messages is never empty")
-
-    async def next_after(self, seq: int) -> LogMessage | None:
-        import nats.errors
-        import nats.js.errors
-
-        js = self._jetstream()
-        try:
-            raw = await js.get_msg(self.stream, seq=seq + 1, subject=self.subject, next=True, direct=True)
-        except nats.js.errors.NotFoundError:
-            return None
-        except (TimeoutError, nats.errors.Error, OSError) as exc:
-            raise LogUnavailable(f"read of {self.description} failed: {type(exc).__name__}") from exc
-        return LogMessage(int(raw.seq), bytes(raw.data or b""), dict(raw.headers or {}))
-
-    async def notify(self) -> None:
-        with contextlib.suppress(Exception):
-            self._jetstream()  # raises when down: nobody to tell then
-            await self._nc.publish(self.tick, b"")
-
-
-def _wrong_last(exc: Any) -> int | None:
-    if getattr(exc, "err_code", None) != _ERR_WRONG_LAST_SEQUENCE:
-        return None
-    match = _WRONG_LAST_RE.search(str(getattr(exc, "description", "")))
-    return int(match.group(1)) if match else None
-
-
-async def ensure_log_stream(js: Any, settings: StoreSettings, stream: str, kind: str) -> None:
-    """Declare a store's log stream (idempotent): file storage, limits retention by age, direct
-    gets and atomic batches allowed. An existing stream missing those two is updated."""
-    import nats.js.errors
-    from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-
-    try:
-        info = await js.stream_info(stream)
-    except nats.js.errors.NotFoundError:
-        await js.add_stream(
-            StreamConfig(
-                name=stream,
-                description=f"ragmesh {kind} replicated log: one subject per shard",
-                subjects=[f"{SUBJECT_PREFIX}.{kind}.>"],
-                retention=RetentionPolicy.LIMITS,
-                discard=DiscardPolicy.OLD,
-                storage=StorageType.FILE,
-                num_replicas=settings.nats_stream_replicas,
-                max_age=settings.store_log_max_age_s,
-                allow_direct=True,
-                allow_atomic=True,
-            )
-        )
-        return
-    config = info.config
-    if not config.allow_direct or not config.allow_atomic:
-        log.warning("enabling direct gets and atomic batches on the log stream", extra={"stream": stream})
-        config.allow_direct = True
-        config.allow_atomic = True
-        await js.update_stream(config)
-
-
-# ----------------------------------------------------------------------------- in process
-
-
-class MemoryTransport:
-    """A log inside this process (``store_log=local``): one replica, no NATS. The same code
-    path as JetStream, so the store's behaviour does not depend on the transport."""
-
-    def __init__(self, max_message_bytes: int = 1024 * 1024) -> None:
-        self._messages: list[LogMessage] = []
-        self._last = 0
-        self._max = max_message_bytes
-        self._callbacks: list[Callable[[], None]] = []
-        self.refuse_appends = False  # tests: the log is "down"
-
-    @property
-    def description(self) -> str:
-        return "in-process log"
-
-    @property
-    def max_message_bytes(self) -> int:
-        return self._max
-
-    async def open(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def identity(self) -> str:
-        return "local"
-
-    def resume_at(self, seq: int) -> None:
-        """Number new entries after ``seq`` (what a restarted local replica already holds)."""
-        self._last = max(self._last, seq)
-
-    async def publish(self, messages: Sequence[tuple[bytes, dict[str, str]]], expected_last: int) -> int:
-        if self.refuse_appends:
-            raise LogUnavailable("in-process log refuses appends")
-        last_on_subject = self._messages[-1].seq if self._messages else 0
-        if expected_last != last_on_subject:
-            raise WrongLastSequence(last_on_subject)
-        for data, headers in messages:
-            self._last += 1
-            self._messages.append(LogMessage(self._last, data, dict(headers)))
-        return self._last
-
-    async def next_after(self, seq: int) -> LogMessage | None:
-        if len(self._messages) > _MEMORY_KEEP:
-            # One reader: what it has passed is only kept for a short rewind.
-            self._messages = [m for m in self._messages if m.seq > seq - _MEMORY_KEEP]
-        for message in self._messages:
-            if message.seq > seq:
-                return message
-        return None
-
-    async def notify(self) -> None:
-        for callback in self._callbacks:
-            callback()
-
-    def on_notify(self, callback: Callable[[], None]) -> None:
-        self._callbacks.append(callback)
-
-    def drop_before(self, seq: int) -> None:
-        """Tests: retention removed every message below ``seq``."""
-        self._messages = [m for m in self._messages if m.seq >= seq]
-
-
 def transport_for(
     settings: StoreSettings, stream: str, kind: str, shard: int, client_name: str
 ) -> LogTransport:
     if settings.store_log == "local":
         return MemoryTransport(settings.store_log_entry_bytes)
     return JetStreamTransport(settings, stream, kind, shard, client_name=client_name)
-
-
-# ----------------------------------------------------------------------------- positions
-
-
-@dataclass
-class Positions:
-    """How far each collection is in the log. Collections not in ``ahead`` are exactly at
-    ``cursor`` (the reader's position: every entry up to it has been applied to the collection
-    it names); ``ahead`` holds collections already past it (they skip what they hold)."""
-
-    cursor: int = 0
-    ahead: dict[str, int] = field(default_factory=dict)
-    log_id: str = ""
-
-    def of(self, name: str) -> int:
-        return max(self.ahead.get(name, 0), self.cursor)
-
-    def needs(self, name: str, seq: int) -> bool:
-        return seq > self.of(name)
-
-    def advance(self, seq: int) -> None:
-        self.cursor = max(self.cursor, seq)
-        if self.ahead:
-            self.ahead = {n: p for n, p in self.ahead.items() if p > self.cursor}
-
-    def place(self, name: str, pos: int) -> bool:
-        """Put a (restored) collection at ``pos``; True when the reader must rewind for it."""
-        if pos >= self.cursor:
-            if pos > self.cursor:
-                self.ahead[name] = pos
-            else:
-                self.ahead.pop(name, None)
-            return False
-        return True
-
-    def rewind(self, to: int, names: Sequence[str]) -> None:
-        """Move the reader back to ``to``; ``names`` (the live collections) keep their place."""
-        for name in names:
-            self.ahead[name] = self.of(name)
-        self.cursor = to
-        self.ahead = {n: p for n, p in self.ahead.items() if p > to}
-
-    def forget(self, name: str) -> None:
-        self.ahead.pop(name, None)
-
-    def restart(self, log_id: str) -> None:
-        """The log was recreated: its sequences start again, so do all positions."""
-        self.cursor = 0
-        self.ahead.clear()
-        self.log_id = log_id
-
-    def dump(self, names: Sequence[str]) -> dict[str, Any]:
-        return {"log": self.log_id, "cursor": self.cursor, "collections": {n: self.of(n) for n in names}}
-
-    def save(self, path: Path, names: Sequence[str], extra: Mapping[str, Any] | None = None) -> None:
-        data = {**self.dump(sorted(names)), **(extra or {})}
-        write_atomic(path, json.dumps(data, sort_keys=True).encode())
-
-
-def load_positions(path: Path) -> dict[str, Any]:
-    """A positions file as saved (empty when there is none)."""
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    return data
-
-
-# ----------------------------------------------------------------------------- the log
 
 
 ApplyFn = Callable[[Entry], Awaitable[Any]]
@@ -707,13 +305,13 @@ class ReplicatedLog:
                     )
                 self.last_error = str(exc)
                 log_id_checked = False  # the log may come back as a new one
-                await asyncio.sleep(_ERROR_BACKOFF_S[min(errors, len(_ERROR_BACKOFF_S) - 1)])
+                await asyncio.sleep(ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)])
                 errors += 1
                 continue
             except Exception:
                 # A bug or a store hook that failed: never let the reader die silently.
                 log.exception("log reader failed; retrying", extra={"log": self.transport.description})
-                await asyncio.sleep(_ERROR_BACKOFF_S[-1])
+                await asyncio.sleep(ERROR_BACKOFF_S[-1])
                 continue
             if item is None:
                 self._caught_up.set()
@@ -726,7 +324,7 @@ class ReplicatedLog:
                 await self._process(item)
             except Exception:
                 log.exception("log gap handling failed; retrying", extra={"log": self.transport.description})
-                await asyncio.sleep(_ERROR_BACKOFF_S[-1])
+                await asyncio.sleep(ERROR_BACKOFF_S[-1])
 
     async def _idle(self) -> None:
         self._more.clear()

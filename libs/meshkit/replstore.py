@@ -16,6 +16,9 @@ the sparse store share around their own data structures.
   object store + the log as soon as that works (retried every minute).
 - **Positions** are saved every second in ``log-positions.json`` with the quarantined
   collections, so a restart resumes each collection where it was.
+
+What collections provide and where they resume is in ``replstore_collections``; moving files
+aside and the repair timing in ``replstore_quarantine``.
 """
 
 from __future__ import annotations
@@ -24,53 +27,42 @@ import asyncio
 import contextlib
 import json
 import logging
-import shutil
 import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic
 
 from prometheus_client import Counter, Gauge
 
 from meshkit.errors import ServiceError, deadline_exceeded, not_found, unavailable
-from meshkit.fsutil import fsync_dir, write_atomic
-from meshkit.ids import validate_collection
-from meshkit.remote_snapshots import Pointer
-from meshkit.replog import (
-    Entry,
-    LogTimeout,
-    LogTransport,
-    LogUnavailable,
-    Positions,
-    ReplicatedLog,
-    load_positions,
+from meshkit.fsutil import write_atomic
+from meshkit.replog import Entry, LogTimeout, ReplicatedLog
+from meshkit.replog_positions import load_positions
+from meshkit.replog_transport import LogTransport, LogUnavailable
+from meshkit.replstore_collections import (
+    C,
+    CollectionRemote,
+    Decoded,
+    initial_positions,
+    is_collection_name,
+    restored_position,
+)
+from meshkit.replstore_quarantine import (
+    QUARANTINED,
+    QUARANTINES,
+    RepairSchedule,
+    move_aside,
+    remove_tree,
 )
 from meshkit.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 
 POSITIONS_FILE = "log-positions.json"
-QUARANTINE_DIR = ".quarantine"
-REASON_FILE = "QUARANTINE_REASON"
 # How often the background loop saves positions and looks for due work.
 TICK_S = 1.0
 # A start-up probe of the object store must not hold the service back for long.
 REMOTE_START_TIMEOUT_S = 20.0
-# A quarantined collection is tried again from the object store this often.
-REPAIR_EVERY_S = 60.0
-# ... but from the same snapshot again only this often (it may lead into a gap every time).
-SAME_SNAPSHOT_RETRY_S = 600.0
-
-QUARANTINED = Gauge(
-    "ragmesh_store_quarantined_collections",
-    "Collections out of service on this replica (the reason is in its log).",
-    ["store"],
-)
-QUARANTINES = Counter(
-    "ragmesh_store_quarantines_total", "Collections quarantined on this replica.", ["store"]
-)
 RESTORES = Counter(
     "ragmesh_store_restores_total",
     "Collections restored from the object store, by result.",
@@ -80,59 +72,6 @@ LOG_POSITION = Gauge("ragmesh_store_log_position", "Position in the replicated l
 LOG_GAPS = Counter(
     "ragmesh_store_log_gaps_total", "Entries the log no longer held when this replica needed them.", ["store"]
 )
-
-
-class StoreCollection(Protocol):
-    name: str
-
-    @property
-    def log_position(self) -> int:
-        """Position of the last entry applied to it (persisted with its data)."""
-        ...
-
-    @property
-    def snapshot_log_id(self) -> str:
-        """The log its restored/loaded snapshot belongs to ('' when unknown)."""
-        ...
-
-    @property
-    def recovered_cleanly(self) -> bool:
-        """False when loading it cut data off (a torn WAL tail): it then resumes the log from
-        its own last entry, not from the position last saved for it."""
-        ...
-
-    def close(self) -> None: ...
-
-    def restart_log(self) -> None: ...
-
-
-class CollectionRemote(Protocol):
-    async def latest(self) -> dict[str, Pointer]: ...
-
-    async def pointer(self, collection: str) -> Pointer | None: ...
-
-    async def restore(self, collection: str, collection_dir: Path) -> Pointer: ...
-
-
-C = TypeVar("C", bound=StoreCollection)
-
-
-@dataclass(frozen=True)
-class Decoded:
-    """A log entry as the store reads it: which collection, what to do, and whether the
-    operation creates the collection when it does not exist (a delete does not)."""
-
-    collection: str
-    mutation: Any
-    creates: bool
-
-
-def is_collection_name(name: str) -> bool:
-    try:
-        validate_collection(name)
-    except Exception:
-        return False
-    return True
 
 
 class ReplicatedStore(Generic[C]):
@@ -165,9 +104,7 @@ class ReplicatedStore(Generic[C]):
         )
         self.collections: dict[str, C] = {}
         self.quarantined: dict[str, str] = {}
-        self._last_repair_try: dict[str, float] = {}
-        self._log_only_repairs: set[str] = set()
-        self._repair_keys: dict[str, tuple[str, float]] = {}
+        self._repairs = RepairSchedule()
         self._scheduled: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
@@ -221,7 +158,7 @@ class ReplicatedStore(Generic[C]):
             # Known here before, its data gone and not in the object store: rebuilt from the log.
             log.warning("collection data lost; rebuilding it from the log", extra={"collection": name})
             await self._open_or_quarantine(name)
-        self.log.positions = self._initial_positions(saved, log_id, restored)
+        self.log.positions = initial_positions(self.collections, saved, log_id, restored)
         resume = getattr(self.transport, "resume_at", None)
         if resume is not None:
             resume(max([self.log.positions.cursor, *self.log.positions.ahead.values()]))
@@ -280,25 +217,6 @@ class ReplicatedStore(Generic[C]):
         except Exception as exc:
             await self.quarantine(name, "its local data does not load", str(exc))
 
-    def _initial_positions(self, saved: dict[str, Any], log_id: str, restored: dict[str, int]) -> Positions:
-        """Where each collection resumes the log. Positions in another log (it was recreated)
-        mean nothing: those collections replay the current log from its start."""
-        same_log = bool(log_id) and saved.get("log") == log_id
-        saved_pos = saved.get("collections", {})
-        at: dict[str, int] = {}
-        for name, collection in self.collections.items():
-            if name in restored:
-                at[name] = restored[name]
-            elif not collection.recovered_cleanly:
-                at[name] = collection.log_position if same_log else 0
-            elif same_log or (log_id and not saved and collection.snapshot_log_id == log_id):
-                at[name] = max(collection.log_position, int(saved_pos.get(name, 0)))
-            else:
-                at[name] = 0
-        saved_cursor = int(saved.get("cursor", 0)) if same_log else 0
-        cursor = min(at.values()) if at else saved_cursor
-        return Positions(cursor, {n: p for n, p in at.items() if p > cursor}, log_id)
-
     async def _restore_from_remote(self, log_id: str) -> dict[str, int]:
         """Bring back, from the object store, collections this replica has no local data for (or
         whose data is quarantined); returns where each is in the log. An unreachable store only
@@ -319,21 +237,14 @@ class ReplicatedStore(Generic[C]):
             if collection is not None:
                 self.collections[name] = collection
                 self.quarantined.pop(name, None)
-                restored[name] = self._restored_position(collection, log_id)
+                restored[name] = restored_position(collection, log_id)
         return restored
-
-    @staticmethod
-    def _restored_position(collection: C, log_id: str) -> int:
-        """Where a restored snapshot resumes the log: its own position if it belongs to the
-        current log, else the log's start."""
-        same = bool(log_id) and collection.snapshot_log_id == log_id
-        return collection.log_position if same else 0
 
     async def _restore(self, name: str) -> C | None:
         assert self.remote is not None
         directory = self.data_dir / name
         try:
-            await asyncio.to_thread(_remove_tree, directory)
+            await asyncio.to_thread(remove_tree, directory)
             pointer = await self.remote.restore(name, directory)
             collection = await asyncio.to_thread(self.open_collection, name)
         except Exception as exc:
@@ -357,7 +268,9 @@ class ReplicatedStore(Generic[C]):
         if collection is not None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(collection.close)
-        moved = await asyncio.to_thread(self._move_aside, name, f"{reason}: {detail}" if detail else reason)
+        moved = await asyncio.to_thread(
+            move_aside, self.data_dir, name, f"{reason}: {detail}" if detail else reason
+        )
         self.quarantined[name] = reason
         self.log.positions.forget(name)
         QUARANTINES.labels(self.store).inc()
@@ -375,18 +288,6 @@ class ReplicatedStore(Generic[C]):
         with contextlib.suppress(Exception):
             await self.save_positions()
 
-    def _move_aside(self, name: str, reason: str) -> str:
-        source = self.data_dir / name
-        if not source.exists():
-            return ""
-        root = self.data_dir / QUARANTINE_DIR
-        root.mkdir(exist_ok=True)
-        target = root / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        source.rename(target)
-        write_atomic(target / REASON_FILE, reason.encode())
-        fsync_dir(self.data_dir)
-        return str(target)
-
     def quarantined_error(self, name: str) -> ServiceError:
         return unavailable(
             f"collection {name!r} is quarantined on this replica of {self.label} "
@@ -399,7 +300,7 @@ class ReplicatedStore(Generic[C]):
         collections skip what they already hold. A gap on the way quarantines it again."""
         if name not in self.quarantined:
             return
-        self._last_repair_try[name] = time.monotonic()
+        self._repairs.started(name)
         collection: C | None = None
         pointer = None
         if self.remote is not None:
@@ -412,24 +313,17 @@ class ReplicatedStore(Generic[C]):
                 )
                 return
         if pointer is not None:
-            tried = self._repair_keys.get(name)
-            if (
-                tried is not None
-                and tried[0] == pointer.key
-                and time.monotonic() - tried[1] < SAME_SNAPSHOT_RETRY_S
-            ):
+            if not self._repairs.try_snapshot(name, pointer.key):
                 return  # this snapshot did not do it (a gap after it?): wait for a newer one
-            self._repair_keys[name] = (pointer.key, time.monotonic())
             collection = await self._restore(name)
-        elif name not in self._log_only_repairs:
-            self._log_only_repairs.add(name)
+        elif self._repairs.try_log_only(name):
             collection = await self._from_empty(name)
         if collection is None:
             return
 
         async def register() -> None:
             positions = self.log.positions
-            pos = self._restored_position(collection, positions.log_id)
+            pos = restored_position(collection, positions.log_id)
             live = list(self.collections)
             self.collections[name] = collection
             self.quarantined.pop(name, None)
@@ -443,7 +337,7 @@ class ReplicatedStore(Generic[C]):
 
     async def _from_empty(self, name: str) -> C | None:
         try:
-            await asyncio.to_thread(_remove_tree, self.data_dir / name)
+            await asyncio.to_thread(remove_tree, self.data_dir / name)
             return await asyncio.to_thread(self.open_collection, name)
         except Exception as exc:
             log.error(
@@ -566,16 +460,8 @@ class ReplicatedStore(Generic[C]):
             try:
                 await self.on_tick()
                 for name in list(self.quarantined):
-                    if self._repair_due(name):
+                    if self._repairs.due(name):
                         self.spawn(name, "repair", lambda n=name: self.repair(n))  # type: ignore[misc]
                 await self.save_positions()
             except Exception:
                 log.exception("background tick failed", extra={"store": self.label})
-
-    def _repair_due(self, name: str) -> bool:
-        return time.monotonic() - self._last_repair_try.get(name, 0.0) >= REPAIR_EVERY_S
-
-
-def _remove_tree(path: Path) -> None:
-    if path.exists():
-        shutil.rmtree(path)  # leftovers of an earlier, failed restore

@@ -1,4 +1,4 @@
-"""Answer text helpers (meshkit.answering) and LLM reply parsing (meshkit.llm) on hostile text:
+"""Answer text helpers (meshkit.answering) and LLM reply parsing (meshkit.llm_replies) on hostile text:
 the same results as the patterns they replaced (kept here as oracles), in linear time.
 
 Passages are indexed documents, replies come from a model: both are untrusted, and a quadratic
@@ -17,9 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit import answering, llm
+from meshkit import answering, llm_replies
 from meshkit.answering import CITATION, cited_numbers, content_words, split_sentences, strip_citations
-from meshkit.llm import LLMError, OpenAICompatibleLLM, extract_json
+from meshkit.llm import LLMError
+from meshkit.llm_openai import OpenAICompatibleLLM
+from meshkit.llm_replies import extract_json
 
 from .test_llm import MESSAGES, Answer, FakeServer, Handler, completion, connect
 
@@ -129,7 +131,7 @@ def test_sentences_and_citations_match_the_old_patterns(text: str) -> None:
 def test_extract_json_matches_the_old_parser(text: str) -> None:
     assert outcome(extract_json, text) == outcome(old_extract_json, text)
     fence = OLD_FENCE.search(text)
-    block = llm._fenced_block(text)
+    block = llm_replies._fenced_block(text)
     assert (block.strip() if block is not None else None) == (fence.group(1).strip() if fence else None)
 
 

@@ -13,7 +13,9 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import BaseModel
 
-from meshkit.llm import LLMError, OpenAICompatibleLLM, extract_json, validate_items
+from meshkit.llm import LLMError
+from meshkit.llm_openai import OpenAICompatibleLLM
+from meshkit.llm_replies import extract_json, validate_items
 from meshkit.settings import LLMSettings
 
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]

@@ -15,15 +15,11 @@ import nats
 import pytest
 
 from meshkit.natsserver import NatsServer, nats_server_binary
-from meshkit.replog import (
-    Entry,
-    JetStreamTransport,
-    LogUnavailable,
-    MemoryTransport,
-    Positions,
-    ReplicatedLog,
-    load_positions,
-)
+from meshkit.replog import Entry, ReplicatedLog
+from meshkit.replog_jetstream import JetStreamTransport
+from meshkit.replog_memory import MemoryTransport
+from meshkit.replog_positions import Positions, load_positions
+from meshkit.replog_transport import LogUnavailable
 from meshkit.settings import StoreSettings
 
 STREAM = "RAGMESH_LOG_TEST"

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from meshkit.answering import content_words, coverage, estimate_tokens
-from meshkit.llm import LLMError, validate_items
+from meshkit.llm import LLMError
+from meshkit.llm_replies import validate_items
 from meshkit.settings import ExtractorSettings
 from services.extractor.extractive import MAX_FACT_CHARS, clip, snippet
 from services.extractor.facts import (

@@ -16,7 +16,8 @@ import pytest
 from pydantic import BaseModel
 
 from meshkit.answering import content_words
-from meshkit.llm import LLMError, Messages, parse_structured
+from meshkit.llm import LLMError, Messages
+from meshkit.llm_replies import parse_structured
 from meshkit.settings import ExtractorSettings
 from ragmesh.embedder.v1 import embedder_pb2
 from services.extractor.extractive import EmbedError

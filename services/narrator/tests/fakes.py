@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from meshkit.llm import LLMError, Messages, parse_structured
+from meshkit.llm import LLMError, Messages
+from meshkit.llm_replies import parse_structured
 from services.narrator.model import Fact, Mode, NarrationInput, Source, Turn
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

@@ -8,30 +8,23 @@ wait or deliveries).
 - nobody without a mesh certificate gets anything from an internal stage (plaintext or TLS),
   whatever the method (sparse GetChunks and Delete, index Search, embedder Embed ...);
 - a mesh identity reaches only the methods its service is allowed to call;
-- tenant A's key reaches nothing of tenant B's collection, by any public method;
-- NATS refuses anonymous clients, and a service's user outside its subjects; S3 refuses one
-  service's key on another's bucket.
+- tenant A's key reaches nothing of tenant B's collection, by any public method.
+
+NATS and S3 grants, and each process's own credentials: test_secure_grants.py (the same stack,
+one for both files: conftest.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
-import nats
-import nats.errors
 import pytest
 from grpc import aio
-from minio.error import InvalidResponseError, S3Error
 
-from meshkit.identity import EMBEDDER, EXTRACTOR, GATEWAY, INDEX, INGESTION, INGESTION_WORKER, OPS, SPARSE
-from meshkit.natsconn import connect_options
-from meshkit.objectstore import ObjectStore
-from meshkit.settings import MeshSettings
+from meshkit.identity import EMBEDDER, EXTRACTOR, GATEWAY, INDEX, INGESTION, INGESTION_WORKER, SPARSE
 from meshkit.tls import ClientTLS, open_channel
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
@@ -47,109 +40,12 @@ from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from ragmesh_cli import channels
 from ragmesh_cli.main import main
-from ragmesh_cli.secure import DOCUMENTS, IDENTITY_OF_KIND, MODELS, S3_GRANTS, SNAPSHOTS
 from ragmesh_cli.stack import Stack
+from tests.integration.meshclients import Mesh
 
-from .meshclients import Mesh
+from .secure_mesh import ALPHA, BETA, BROKEN, refused, tenant
 
 pytestmark = pytest.mark.integration
-
-ALPHA, BETA = "alpha", "beta"
-TENANTS = {"tenant-a": ([ALPHA], [ALPHA]), "tenant-b": ([BETA], [BETA])}
-SERVICES = [
-    "embedder",
-    "index",
-    "sparse",
-    "planner",
-    "reranker",
-    "extractor",
-    "narrator",
-    "ingestion",
-    "gateway",
-    "worker",
-]
-ALPHA_DOCS = {
-    "rotation.md": "# Rotating API keys\n\nTo rotate an API key in ragmesh, mint a new key with ragmesh keys "
-    "new, move every client to it, then remove the old entry from the keys file and restart the gateway.",
-    "limits.md": "# Request limits\n\nEvery ragmesh server caps the calls it runs at once and refuses "
-    "messages larger than its largest legal request with RESOURCE_EXHAUSTED.",
-}
-BROKEN = "broken.pdf"
-BETA_SECRET = "The beta tenant's launch code word is zanzibarite; ragmesh keeps it in collection beta."
-
-
-def start_secure_stack(state_dir: Path) -> Stack:
-    """The stack under test: everything on, as ``ragmesh up --secure`` runs it."""
-    stack = Stack(
-        state_dir,
-        workers=2,
-        index_shards=2,
-        services=SERVICES,
-        secure=True,
-        api_keys=TENANTS,
-        # A replica list (one TLS name for several addresses) and pre-fork workers on one port.
-        replicas={"embedder": 2},
-        processes={"gateway": 2},
-    )
-    stack.up()
-    return stack
-
-
-@pytest.fixture(scope="module")
-def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    stack: Stack | None = None
-    try:
-        stack = start_secure_stack(tmp_path_factory.mktemp("secure"))
-        yield stack
-    finally:
-        if stack is not None:
-            stack.down()
-
-
-def tenant(stack: Stack, name: str) -> Mesh:
-    """A tenant's view: TLS without a certificate (it has none), its API key on every call."""
-    return Mesh(
-        stack, tls=ClientTLS(stack.client_tls().ca_file, server_name="localhost"), api_key=stack.api_key(name)
-    )
-
-
-@pytest.fixture(scope="module")
-async def indexed(secure_stack: Stack) -> dict[str, list[str]]:
-    """Tenant A's documents in alpha and tenant B's in beta, indexed; and a broken PDF of B's,
-    dead-lettered (through the workers' and the API's NATS grants)."""
-    written: dict[str, list[str]] = {}
-    for name, collection, docs in (
-        ("tenant-a", ALPHA, list(ALPHA_DOCS.items())),
-        ("tenant-b", BETA, [("secret.md", BETA_SECRET)]),
-    ):
-        mesh = tenant(secure_stack, name)
-        try:
-            reply = await mesh.ingest(collection, docs)
-            assert [r.outcome for r in reply.results] == [ing.SUBMIT_OUTCOME_QUEUED] * len(docs), reply
-            ids = [doc_id for doc_id, _ in docs]
-            states = await mesh.wait_settled(collection, ids, timeout=180)
-            assert {s.state for s in states.values()} == {ing.DOCUMENT_STATE_INDEXED}, states
-            written[collection] = ids
-        finally:
-            await mesh.close()
-    b = tenant(secure_stack, "tenant-b")
-    try:
-        await b.ingest(BETA, [(BROKEN, b"%PDF-1.4\n not a pdf at all")], fmt=ing.DOCUMENT_FORMAT_PDF)
-        assert (await b.wait_settled(BETA, [BROKEN], timeout=180))[BROKEN].state == ing.DOCUMENT_STATE_FAILED
-        letters = await b.ingestion.ListDeadLetters(ing.ListDeadLettersRequest(collection=BETA), timeout=10)
-        assert [d.doc_id for d in letters.dead_letters] == [BROKEN]
-    finally:
-        await b.close()
-    return written
-
-
-async def refused(call: Awaitable[Any]) -> grpc.StatusCode:
-    """The status a call was refused with (the test fails if it succeeded)."""
-    try:
-        reply = await call
-    except aio.AioRpcError as exc:
-        return exc.code()
-    raise AssertionError(f"the call succeeded: {str(reply)[:300]}")
 
 
 # ------------------------------------------------------------------ the happy path, auth on
@@ -362,155 +258,3 @@ async def test_tenant_a_reaches_nothing_of_collection_b(
 
 async def _drain(stream: Any) -> list[Any]:
     return [event async for event in stream]
-
-
-# ------------------------------------------------------------------ NATS and S3
-
-
-PROBE = "test-probe"
-
-
-def nats_settings(stack: Stack, user: str | None, password: str | None = None) -> MeshSettings:
-    passwords = stack.secrets.nats_passwords() if stack.secrets else {}
-    return MeshSettings(
-        nats_url=f"tls://{stack.address('nats')}",
-        nats_user=user or "",
-        nats_password=password if password is not None else passwords.get(user or "", ""),
-        tls_ca_file=stack.client_tls().ca_file,
-    )
-
-
-async def connect(settings: MeshSettings, errors: list[str] | None = None) -> nats.NATS:
-    async def on_error(exc: Exception) -> None:
-        if errors is not None:
-            errors.append(str(exc))
-
-    return await nats.connect(
-        **connect_options(settings), name=PROBE, allow_reconnect=False, connect_timeout=3, error_cb=on_error
-    )
-
-
-async def test_nats_admits_only_its_users_and_each_only_to_its_subjects(
-    secure_stack: Stack, indexed: dict[str, list[str]]
-) -> None:
-    for who, settings in {
-        "no user": nats_settings(secure_stack, None),
-        "wrong password": nats_settings(secure_stack, INGESTION_WORKER, "guess"),
-        "plaintext": nats_settings(secure_stack, INGESTION_WORKER).model_copy(
-            update={"nats_url": f"nats://{secure_stack.address('nats')}", "tls_ca_file": None}
-        ),
-    }.items():
-        with pytest.raises((nats.errors.Error, OSError, TimeoutError)):
-            nc = await connect(settings)
-            await nc.close()
-            raise AssertionError(f"{who}: connected")
-
-    errors: list[str] = []
-    worker = await connect(nats_settings(secure_stack, INGESTION_WORKER), errors)
-    try:
-        js = worker.jetstream(timeout=2)
-        # Its own business works: it reads the ingest stream's state ...
-        assert (await js.stream_info("RAGMESH_INGEST")).config.name == "RAGMESH_INGEST"
-        # ... but it may not write a store's log or drop a stream. (It may publish ingest events:
-        # its reconciler republishes a request whose event was lost.)
-        for publish in (
-            js.publish("ragmesh.log.index.0", b"{}"),
-            js.delete_stream("RAGMESH_INGEST_DLQ"),
-        ):
-            with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
-                await publish
-        await asyncio.sleep(0.2)
-    finally:
-        await worker.close()
-    for subject in ("ragmesh.log.index.0", "$js.api.stream.delete.ragmesh_ingest_dlq"):
-        assert any("permissions violation" in e.lower() and subject in e.lower() for e in errors), (
-            subject,
-            errors,
-        )
-
-    errors.clear()
-    index = await connect(nats_settings(secure_stack, INDEX), errors)
-    try:
-        # The index's user may neither forge ingest events nor read the ingestion state.
-        with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
-            await index.jetstream(timeout=2).publish("ragmesh.ingest.beta", b"{}")
-        with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
-            await index.jetstream(timeout=2).get_msg("KV_ragmesh_doc_records", 1)
-        await asyncio.sleep(0.2)
-    finally:
-        await index.close()
-    for subject in ("ragmesh.ingest.beta", "kv_ragmesh_doc_records"):
-        assert any("permissions violation" in e.lower() and subject in e.lower() for e in errors), (
-            subject,
-            errors,
-        )
-    # The mesh's own traffic (queueing, consuming, state, dead letters, advisories) stayed within
-    # its grants: the only violations the server saw are this test's.
-    violations = [
-        line for line in secure_stack.log_path("nats").read_text().splitlines() if "Violation" in line
-    ]
-    assert len(violations) == 4 and all(PROBE in line for line in violations), violations
-
-
-def s3(stack: Stack, identity: str) -> ObjectStore:
-    assert stack.secrets is not None
-    key = stack.secrets.s3_key(identity)
-    return ObjectStore(
-        stack.address("s3"),
-        key.access_key,
-        key.secret_key,
-        secure=True,
-        ca_file=stack.client_tls().ca_file,
-        timeout_s=5,
-    )
-
-
-async def test_s3_keys_reach_only_their_buckets(secure_stack: Stack, indexed: dict[str, list[str]]) -> None:
-    # The documents tenants ingested are there, for the services that handle them.
-    assert await s3(secure_stack, INGESTION_WORKER).list_keys(DOCUMENTS)
-    assert await s3(secure_stack, OPS).list_keys(DOCUMENTS)
-    denied = [
-        (INDEX, lambda store: store.list_keys(DOCUMENTS)),
-        (SPARSE, lambda store: store.get(DOCUMENTS, "anything")),
-        (INGESTION, lambda store: store.list_keys(SNAPSHOTS)),
-        (INGESTION_WORKER, lambda store: store.put(SNAPSHOTS, "index/planted", b"x")),
-        ("reranker", lambda store: store.put(MODELS, "planted/model.onnx", b"x")),
-        ("reranker", lambda store: store.list_keys(DOCUMENTS)),
-    ]
-    for identity, attempt in denied:
-        with pytest.raises(S3Error) as err:
-            await attempt(s3(secure_stack, identity))
-        assert err.value.code == "AccessDenied", identity
-    # Plain HTTP gets no answer from the HTTPS port.
-    assert secure_stack.secrets is not None
-    key = secure_stack.secrets.s3_key(OPS)
-    plain = ObjectStore(secure_stack.address("s3"), key.access_key, key.secret_key, secure=False, timeout_s=5)
-    with pytest.raises(InvalidResponseError):
-        await plain.list_keys(DOCUMENTS)
-
-
-def environ(pid: int | None) -> dict[str, str]:
-    assert pid is not None
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
-
-
-def test_each_process_holds_only_its_own_credentials(secure_stack: Stack) -> None:
-    assert secure_stack.secrets is not None
-    passwords = secure_stack.secrets.nats_passwords()
-    for name in secure_stack.names():
-        component = secure_stack.component(name)
-        env = environ(component.pid)
-        identity = IDENTITY_OF_KIND.get(component.kind)
-        assert "RAGMESH_API_KEY" not in env, name  # the ops key stays with the operator
-        if identity is None:  # NATS, S3: no credentials of anyone
-            held = {"RAGMESH_S3_SECRET_KEY", "RAGMESH_NATS_PASSWORD", "RAGMESH_TLS_KEY_FILE"} & set(env)
-            assert not held and "RAGMESH_TLS_CLIENT_KEY_FILE" not in env, (name, held)
-            continue
-        assert env["RAGMESH_SERVICE_AUTH"] == "mtls"
-        assert env["RAGMESH_TLS_KEY_FILE"].endswith(f"/{identity}.key"), name
-        assert env.get("RAGMESH_NATS_PASSWORD") == passwords.get(identity), name
-        if identity in S3_GRANTS:
-            assert env["RAGMESH_S3_SECRET_KEY"] == secure_stack.secrets.s3_key(identity).secret_key
-        else:
-            assert "RAGMESH_S3_SECRET_KEY" not in env, name
