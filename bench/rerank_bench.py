@@ -51,9 +51,10 @@ from meshkit.settings import GatewaySettings, RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh_cli import metrics
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.rerankerbuild.export import write_manifest
 from ragmesh_cli.rerankerbuild.mining import Corpus, bm25_collection, chunk_corpus, read_beir_corpus
+from ragmesh_cli.stats import percentile
 from services.gateway.fusion import Fused
 from services.gateway.rerank import final_order
 from services.reranker.model import CrossEncoderModel
@@ -173,10 +174,6 @@ def train_workload(dataset: Path, claims: int, depth: int, seed: int) -> Workloa
     return bm25_workload(corpus, chosen[:claims], depth)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else 0.0
-
-
 # ---------------------------------------------------------------------------- 1. raw vs service
 
 
@@ -218,8 +215,8 @@ async def service_load(
     await asyncio.gather(*(one(i) for i in range(requests)))
     wall = time.perf_counter() - started
     return {
-        "p50_ms": round(percentile(latencies, 50), 1),
-        "p95_ms": round(percentile(latencies, 95), 1),
+        "p50_ms": round(percentile(latencies, 50, method="linear", empty=0.0), 1),
+        "p95_ms": round(percentile(latencies, 95, method="linear", empty=0.0), 1),
         "pairs_per_s": round(requests * candidates / wall, 1),
     }
 
@@ -378,8 +375,8 @@ def trade_off(
             "variant": str(variant),
             "ndcg@10": round(score, 4),
             "fused_ndcg@10": round(fused_score, 4),
-            "p50_ms": round(percentile(times, 50), 1),
-            "p95_ms": round(percentile(times, 95), 1),
+            "p50_ms": round(percentile(times, 50, method="linear", empty=0.0), 1),
+            "p95_ms": round(percentile(times, 95, method="linear", empty=0.0), 1),
         }
         print(f"  {row}")
         rows.append(row)

@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import qa
-from bench.rerank_bench import Variant, fused_candidates, percentile, rerank_scores, reranked_order
+from bench.rerank_bench import Variant, fused_candidates, rerank_scores, reranked_order
 from meshkit.settings import GatewaySettings, RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli import metrics
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.rerankerbuild.build import VALIDATION_SHARE
 from ragmesh_cli.rerankerbuild.mining import split_claims
+from ragmesh_cli.stats import percentile
 
 DEPTH = 100
 SEED = 13  # the bundled model's build seed: its held-out claims
@@ -155,8 +156,8 @@ def evaluate_set(
                 "ndcg@10": round(metrics.mean(per_query.values()), 4),
                 "vs_reference": compare(reference, per_query),
                 "vs_fused": compare(fused, per_query),
-                "p50_ms": round(percentile(times, 50), 1),
-                "p95_ms": round(percentile(times, 95), 1),
+                "p50_ms": round(percentile(times, 50, method="linear", empty=0.0), 1),
+                "p95_ms": round(percentile(times, 95, method="linear", empty=0.0), 1),
                 "timing": "cached from the first run" if scored.cached else "this run",
             }
             print(f"{group.name} {json.dumps(row)}", flush=True)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit import answering, llm
+from meshkit import answering, llm_common
 from meshkit.answering import CITATION, cited_numbers, content_words, split_sentences, strip_citations
 from meshkit.llm import LLMError, OpenAICompatibleLLM, extract_json
 
@@ -129,7 +129,7 @@ def test_sentences_and_citations_match_the_old_patterns(text: str) -> None:
 def test_extract_json_matches_the_old_parser(text: str) -> None:
     assert outcome(extract_json, text) == outcome(old_extract_json, text)
     fence = OLD_FENCE.search(text)
-    block = llm._fenced_block(text)
+    block = llm_common._fenced_block(text)
     assert (block.strip() if block is not None else None) == (fence.group(1).strip() if fence else None)
 
 

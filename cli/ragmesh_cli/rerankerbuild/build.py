@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.rerankerbuild import mining
 from ragmesh_cli.rerankerbuild.mining import Mined, Passage, progress
 from ragmesh_cli.rerankerbuild.validation import evaluate, first_stage
