@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="train the default cross-encoder (needs torch: pip install -r requirements-build.txt)",
     )
-    from ragmesh_cli.rerankerbuild.build import add_arguments as add_build_arguments
+    from ragmesh_cli.rerankerbuild.arguments import add_arguments as add_build_arguments
 
     add_build_arguments(build_reranker)
     build_reranker.set_defaults(func=cmd_build_reranker)
