@@ -32,7 +32,6 @@ OVERSIZED = frozenset(
         "libs/meshkit/evidence_text.py",
         "libs/meshkit/replog.py",
         "libs/meshkit/replstore.py",
-        "libs/meshkit/settings.py",
         "services/gateway/ask.py",
         "services/gateway/search.py",
         "services/index/store.py",

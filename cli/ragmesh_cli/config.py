@@ -10,15 +10,11 @@ from typing import Any
 
 
 def settings_rows() -> list[dict[str, Any]]:
-    """Every RAGMESH_* setting with its section, default and description, in definition order;
-    fields are listed under the class that introduces them."""
+    """Every RAGMESH_* setting with its section, default and description, in the order of
+    meshkit.settings.SETTINGS_CLASSES; fields are listed under the class that introduces them."""
     from meshkit import settings as settings_module
 
-    classes = [
-        obj
-        for obj in vars(settings_module).values()
-        if isinstance(obj, type) and issubclass(obj, settings_module.MeshSettings)
-    ]
+    classes = settings_module.SETTINGS_CLASSES
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     for cls in classes:
