@@ -36,7 +36,7 @@ from meshkit.answering import coverage
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh_cli.answer_eval import RATIONALE_COVERAGE, read_rationales
 from ragmesh_cli.channels import open_channel
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from services.gateway.sentences import Candidate, Scored, SelectionRules, candidates, select
 from services.reranker.model import CrossEncoderModel
 

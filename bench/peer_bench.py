@@ -56,7 +56,7 @@ from meshkit.settings import EmbedderSettings, PlannerSettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh_cli import metrics
 from ragmesh_cli.channels import open_channel
-from ragmesh_cli.evaluation import BeirDataset, load_dataset
+from ragmesh_cli.datasets import BeirDataset, load_dataset
 from ragmesh_cli.rerankerbuild.mining import Passage, chunk_corpus, read_beir_corpus
 from ragmesh_cli.search import degradation_label
 from services.embedder.model import EmbeddingModel, TextKind

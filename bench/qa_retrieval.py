@@ -22,8 +22,8 @@ from pathlib import Path
 from bench import qa
 from bench.qa import QAItem, Split
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh_cli.addresses import resolve_address
 from ragmesh_cli.channels import open_channel, use_state_dir
-from ragmesh_cli.loadtest import resolve_component_address
 
 CUTOFFS = (1, 5, 10)
 TIMEOUT_S = 60.0
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     split: Split = args.split
     items = [item for item in qa.load_grpc_docs(split) if item.answerable]
     use_state_dir(args.state_dir)
-    address = resolve_component_address("gateway", args.state_dir)
+    address = resolve_address("gateway", args.state_dir)
     for variations in args.max_variations:
         report = asyncio.run(measure(address, args.collection, items, variations, args.fused_only))
         print(json.dumps({"set": "grpc_docs", "split": split, **report}))

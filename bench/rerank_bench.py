@@ -60,7 +60,7 @@ from meshkit.settings import GatewaySettings, RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh_cli import metrics
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.rerankerbuild.export import write_manifest
 from services.reranker.model import CrossEncoderModel
 from services.reranker.servicer import build_spec

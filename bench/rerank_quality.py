@@ -13,7 +13,7 @@ from bench.rerank_inprocess import rerank_run
 from bench.rerank_workloads import ModelSpec, Workload, bm25_workload
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli import metrics
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.rerankerbuild.mining import chunk_corpus, read_beir_corpus
 from services.reranker.model import CrossEncoderModel
 

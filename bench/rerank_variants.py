@@ -39,7 +39,7 @@ from bench.rerank_workloads import Variant, percentile
 from meshkit.settings import GatewaySettings, RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli import metrics
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.rerankerbuild.build import VALIDATION_SHARE
 from ragmesh_cli.rerankerbuild.mining import split_claims
 

@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from meshkit.settings import RerankerSettings
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.rerankerbuild.mining import Corpus, bm25_collection, chunk_corpus, read_beir_corpus
+from ragmesh_cli.stats import percentile as stats_percentile
 from services.reranker.model import CrossEncoderModel
 from services.reranker.window import WindowPolicy
 
@@ -120,4 +119,5 @@ def train_workload(dataset: Path, claims: int, depth: int, seed: int) -> Workloa
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else 0.0
+    """Latency percentiles of the offline benchmarks: interpolated, 0 for no values."""
+    return stats_percentile(values, q, method="linear", empty=0.0)

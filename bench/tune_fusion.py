@@ -23,7 +23,7 @@ from typing import Any
 from grpc import aio
 
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.metrics import mrr_at_k, ndcg_at_k, recall_at_k
 from ragmesh_cli.stack import Stack
 from services.gateway.fusion import Hit, collapse_documents, rrf

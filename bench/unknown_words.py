@@ -18,8 +18,8 @@ from pathlib import Path
 
 from bench import qa
 from meshkit.answering import content_word_list
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.documents import WalkStats, read_corpus
-from ragmesh_cli.evaluation import load_dataset
 from services.sparse.collection import query_terms
 
 SCIFACT = Path("../shared/bench/scifact")

@@ -32,7 +32,7 @@ from bench.peer_load import Cursor, run_threads
 from bench.peers import build_haystack, build_lancedb
 from bench.search_bench import Answer, LoadRun
 from meshkit.settings import EmbedderSettings
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.rerankerbuild.mining import Passage
 from services.embedder.model import EmbeddingModel, TextKind
 

@@ -40,9 +40,12 @@ from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh_cli.ask import MODES, TimedAnswer, stream_ask
 from ragmesh_cli.channels import open_channel
+from ragmesh_cli.datasets import BeirDataset, load_dataset
 from ragmesh_cli.documents import InputError, sanitize_doc_id
-from ragmesh_cli.evaluation import FATAL_CODES, BeirDataset, ensure_ingested, load_dataset, percentile
+from ragmesh_cli.evaluation import FATAL_CODES, ensure_ingested
 from ragmesh_cli.search import degradation_label
+from ragmesh_cli.stats import percentile
+from ragmesh_cli.tables import format_table
 
 # A rationale sentence is "present" among the facts when one fact of its document holds this
 # share of its content words.
@@ -207,7 +210,10 @@ def _share(values: Sequence[float]) -> float | None:
 
 
 def _spread(values: Sequence[float]) -> dict[str, float]:
-    return {"p50": round(percentile(values, 50), 1), "p95": round(percentile(values, 95), 1)}
+    return {
+        "p50": round(percentile(values, 50, method="linear", empty=0.0), 1),
+        "p95": round(percentile(values, 95, method="linear", empty=0.0), 1),
+    }
 
 
 def mode_report(scores: ModeScores) -> dict[str, Any]:
@@ -274,8 +280,6 @@ async def collect_answers(
 
 
 def format_answer_report(report: Mapping[str, Any]) -> str:
-    from ragmesh_cli.main import format_table
-
     def fmt(value: Any) -> str:
         return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 

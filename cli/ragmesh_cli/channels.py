@@ -39,7 +39,7 @@ def use_api_key(key: str | None) -> None:
 def use_state_dir(state_dir: Path | None) -> None:
     """Take what the environment leaves unset from the secure stack recorded in ``state_dir``."""
     from ragmesh_cli.secure import client_profile
-    from ragmesh_cli.stack import read_state
+    from ragmesh_cli.state import read_state
 
     global _profile
     _profile = {}

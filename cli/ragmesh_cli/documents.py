@@ -1,8 +1,8 @@
 """What ``ragmesh ingest`` sends: files and folders walked into Documents, BEIR corpus.jsonl
 files split into one Document per line, and the Documents grouped into request-sized batches.
 
-Pure and synchronous so it is unit-testable; the format detector is passed in (it lives in the
-ingestion service: ``services.ingestion.normalize.detect_format``).
+Pure and synchronous so it is unit-testable; the format detector is passed in (the one the
+ingestion service uses: ``meshkit.formats.detect_format``).
 """
 
 from __future__ import annotations

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import csv
-import gzip
 import json
 import sys
 import time
@@ -27,7 +25,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -37,9 +35,12 @@ from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli import metrics
 from ragmesh_cli.channels import open_channel
-from ragmesh_cli.documents import CORPUS_SUFFIXES, InputError, WalkStats, iter_documents, sanitize_doc_id
+from ragmesh_cli.datasets import BeirDataset, corpus_size, load_dataset, never_a_file
+from ragmesh_cli.documents import InputError
 from ragmesh_cli.search import LEG_NAMES, add_request_arguments, build_request, degradation_label, timeout_of
 from ragmesh_cli.search import request_settings as search_settings
+from ragmesh_cli.stats import percentile
+from ragmesh_cli.tables import format_table
 
 RUN_FORMAT = "ragmesh-eval-run/1"
 # Every system an eval reports, in report order; the per-leg names match LEG_NAMES.
@@ -55,114 +56,6 @@ FATAL_CODES = frozenset(
         grpc.StatusCode.PERMISSION_DENIED,
     }
 )
-
-
-# ---------------------------------------------------------------------------- dataset
-
-
-@dataclass
-class BeirDataset:
-    name: str
-    root: Path
-    split: str
-    corpus_path: Path
-    # query id -> text, for the judged queries of the split, in qrels order
-    queries: dict[str, str]
-    qrels: dict[str, dict[str, int]]
-    # judged queries of the split that queries.jsonl has no text for (they cannot be run)
-    missing_queries: list[str] = field(default_factory=list)
-
-
-def find_corpus(root: Path) -> Path:
-    for suffix in CORPUS_SUFFIXES:
-        if (root / suffix).is_file():
-            return root / suffix
-    raise InputError(f"{root}: no corpus.jsonl or corpus.jsonl.gz")
-
-
-def _open_text(path: Path) -> TextIO:
-    return (
-        gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else path.open(encoding="utf-8")
-    )
-
-
-def read_qrels(path: Path) -> dict[str, dict[str, int]]:
-    """``query-id corpus-id score`` TSV with a header line; doc ids sanitised like ingest does."""
-    qrels: dict[str, dict[str, int]] = {}
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.reader(handle, delimiter="\t")
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:3]] != ["query-id", "corpus-id", "score"]:
-            raise InputError(f"{path}: expected a header line 'query-id<TAB>corpus-id<TAB>score'")
-        for lineno, row in enumerate(reader, start=2):
-            if not row or not "".join(row).strip():
-                continue
-            if len(row) < 3:
-                raise InputError(f"{path}:{lineno}: expected 3 tab-separated columns")
-            try:
-                grade = int(float(row[2]))
-            except ValueError:
-                raise InputError(f"{path}:{lineno}: score {row[2]!r} is not a number") from None
-            qrels.setdefault(row[0].strip(), {})[sanitize_doc_id(row[1].strip())] = grade
-    return qrels
-
-
-def read_queries(path: Path, wanted: set[str]) -> dict[str, str]:
-    queries: dict[str, str] = {}
-    with _open_text(path) as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or "_id" not in record:
-                raise InputError(f"{path}:{lineno}: expected an object with an '_id'")
-            qid = str(record["_id"])
-            if qid in wanted:
-                queries[qid] = str(record.get("text") or "")
-    return queries
-
-
-def load_dataset(root: Path, split: str, limit: int | None = None) -> BeirDataset:
-    """The judged queries of ``split`` (those with at least one relevant document), in qrels order,
-    optionally only the first ``limit``; qrels are restricted to those queries."""
-    if not root.is_dir():
-        raise InputError(f"{root}: not a directory")
-    qrels_path = root / "qrels" / f"{split}.tsv"
-    if not qrels_path.is_file():
-        raise InputError(f"{qrels_path}: no qrels for split {split!r}")
-    queries_path = next(
-        (root / n for n in ("queries.jsonl", "queries.jsonl.gz") if (root / n).is_file()), None
-    )
-    if queries_path is None:
-        raise InputError(f"{root}: no queries.jsonl")
-    all_qrels = read_qrels(qrels_path)
-    judged = metrics.judged_queries(all_qrels)
-    texts = read_queries(queries_path, set(judged))
-    runnable = [q for q in judged if texts.get(q, "").strip()]
-    if limit is not None:
-        runnable = runnable[:limit]
-    return BeirDataset(
-        name=root.absolute().name,
-        root=root,
-        split=split,
-        corpus_path=find_corpus(root),
-        queries={q: texts[q] for q in runnable},
-        qrels={q: all_qrels[q] for q in runnable},
-        missing_queries=[q for q in judged if not texts.get(q, "").strip()],
-    )
-
-
-def _never_a_file(name: str, content: bytes) -> None:
-    """Only a corpus file is ingested here, and corpus records never go through format detection."""
-    return None
-
-
-def corpus_size(corpus_path: Path) -> int:
-    """Documents ``ragmesh ingest`` would send for the corpus (empty texts and duplicate ids skipped)."""
-    return sum(1 for _ in iter_documents([corpus_path], _never_a_file, WalkStats(), lambda _msg: None))
 
 
 # ---------------------------------------------------------------------------- ingestion
@@ -205,7 +98,7 @@ async def ensure_ingested(
             [dataset.corpus_path],
             wait=True,
             timeout_s=timeout_s,
-            detect=_never_a_file,
+            detect=never_a_file,
             max_in_flight=max_in_flight,
         )
     if code != 0:
@@ -295,17 +188,6 @@ async def collect(
 # ---------------------------------------------------------------------------- report
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
 def system_runs(outcomes: Sequence[QueryOutcome]) -> dict[str, dict[str, list[str]]]:
     """system -> query id -> ranked doc ids."""
     present = [name for name in SYSTEMS if any(name in o.runs for o in outcomes if o.error is None)]
@@ -340,8 +222,8 @@ def build_report(
         entry["queries"] = max((len(values) for values in scores.values()), default=0)
         report[name] = entry
     report["latency_ms"] = {
-        "p50": percentile(latencies, 50),
-        "p95": percentile(latencies, 95),
+        "p50": percentile(latencies, 50, method="linear", empty=0.0),
+        "p95": percentile(latencies, 95, method="linear", empty=0.0),
         "mean": metrics.mean(latencies),
     }
     if "reranked" in per_query and "fused" in per_query:
@@ -359,8 +241,6 @@ def build_report(
 
 
 def format_report(report: Mapping[str, Any]) -> str:
-    from ragmesh_cli.main import format_table
-
     metric_names = list(metrics.STANDARD_METRICS)
     systems = [name for name in SYSTEMS if name in report]
     rows = [
@@ -435,8 +315,6 @@ def compare_runs(
 
 
 def format_comparison(rows: Sequence[Mapping[str, Any]], name_a: str, name_b: str) -> str:
-    from ragmesh_cli.main import format_table
-
     table = format_table(
         ["SYSTEM", "METRIC", "A", "B", "B-A", "95% CI", "P", "QUERIES"],
         [

@@ -34,9 +34,9 @@ class IngestResult:
 def load_detector() -> DetectFormat:
     """The ingestion service's own format detection, so the CLI and the service agree."""
     try:
-        from services.ingestion.normalize import detect_format
+        from meshkit.formats import detect_format
     except ImportError as exc:
-        raise RuntimeError(f"format detection is unavailable (services.ingestion.normalize: {exc})") from exc
+        raise RuntimeError(f"format detection is unavailable (meshkit.formats: {exc})") from exc
     detector: DetectFormat = detect_format
     return detector
 

@@ -20,7 +20,9 @@ import grpc
 
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli import answer_eval, ask, certs, evaluation, keys, loadtest, search
+from ragmesh_cli.addresses import resolve_address
 from ragmesh_cli.channels import open_channel, use_api_key, use_state_dir
+from ragmesh_cli.config import cmd_config
 from ragmesh_cli.documents import InputError
 from ragmesh_cli.stack import (
     ALL_SERVICES,
@@ -32,6 +34,7 @@ from ragmesh_cli.stack import (
     read_state,
     stack_is_running,
 )
+from ragmesh_cli.tables import format_table, shorten
 
 DEFAULT_STATE_DIR = ".ragmesh"
 RPC_TIMEOUT_S = 60.0
@@ -43,19 +46,6 @@ RPC_TIMEOUT_S = 60.0
 def state_dir_of(args: argparse.Namespace) -> Path:
     given = getattr(args, "state_dir", None) or os.environ.get("RAGMESH_STATE_DIR") or DEFAULT_STATE_DIR
     return Path(given).absolute()
-
-
-def resolve_address(component: str, state_dir: Path) -> str:
-    """Env override, else the running stack's record (every replica), else the documented default;
-    as a gRPC target (a list of replicas is balanced round-robin)."""
-    return loadtest.resolve_component_address(component, state_dir)
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in headers], *[["" if v is None else str(v) for v in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(line.rstrip() for line in lines)
 
 
 def process_table(statuses: Sequence[ProcessStatus]) -> str:
@@ -252,18 +242,13 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
             d["collection"],
             d["doc_id"],
             d["attempts"],
-            _shorten(d["reason"], 60),
+            shorten(d["reason"], 60),
             d["failed_at"],
         )
         for d in items
     ]
     print(format_table(["SEQ", "COLLECTION", "DOC ID", "ATTEMPTS", "REASON", "TIME"], rows))
     return 0
-
-
-def _shorten(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _replay_batch(state_dir: Path, request: ingestion_pb2.ReplayDeadLettersRequest) -> Any:
@@ -289,60 +274,6 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
         if args.seq or not after:
             break
     print(f"replayed {replayed} dead letters; dropped {superseded} superseded by newer versions")
-    return 0
-
-
-# ---------------------------------------------------------------------------- config
-
-
-def settings_rows() -> list[dict[str, Any]]:
-    """Every RAGMESH_* setting with its section, default and description, in definition order;
-    fields are listed under the class that introduces them."""
-    from meshkit import settings as settings_module
-
-    classes = [
-        obj
-        for obj in vars(settings_module).values()
-        if isinstance(obj, type) and issubclass(obj, settings_module.MeshSettings)
-    ]
-    rows: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for cls in classes:
-        for name, info in cls.model_fields.items():
-            if name in seen:
-                continue
-            seen.add(name)
-            env = f"{settings_module.ENV_PREFIX}{name.upper()}"
-            current = os.environ.get(env)
-            if current is not None and info.repr is False:
-                current = "<set>"  # never echo a secret
-            rows.append(
-                {
-                    "section": cls.__name__,
-                    "env": env,
-                    "default": info.get_default(call_default_factory=True, validated_data={}),
-                    "description": info.description or "",
-                    "value": current,
-                }
-            )
-    return rows
-
-
-def cmd_config(args: argparse.Namespace) -> int:
-    rows = settings_rows()
-    if args.json:
-        print(json.dumps(rows, indent=2, default=str))
-        return 0
-    section = None
-    for row in rows:
-        if row["section"] != section:
-            section = row["section"]
-            print(f"\n# {section}" if section != rows[0]["section"] else f"# {section}")
-        value = row["default"]
-        # As an operator would write it in the env: plain strings and paths, JSON booleans, empty for none.
-        default = "" if value is None else str(value) if isinstance(value, str | Path) else json.dumps(value)
-        current = f"  [set: {row['value']}]" if row["value"] is not None else ""
-        print(f"{row['env']}={default}  # {row['description']}{current}")
     return 0
 
 
@@ -458,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="train the default cross-encoder (needs torch: pip install -r requirements-build.txt)",
     )
-    from ragmesh_cli.rerankerbuild.build import add_arguments as add_build_arguments
+    from ragmesh_cli.rerankerbuild.arguments import add_arguments as add_build_arguments
 
     add_build_arguments(build_reranker)
     build_reranker.set_defaults(func=cmd_build_reranker)

@@ -17,6 +17,7 @@ from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
 from ragmesh_cli.channels import open_channel
+from ragmesh_cli.tables import format_table
 
 DEFAULT_TIMEOUT_S = 30.0
 SNIPPET_CHARS = 80
@@ -214,8 +215,6 @@ def degradation_label(degradation: gateway_pb2.Degradation) -> str:
 
 
 def format_response(response: gateway_pb2.SearchResponse, question: str = "") -> str:
-    from ragmesh_cli.main import format_table
-
     lines: list[str] = []
     if searched := searched_line(question, response.searched_query):
         lines.append(searched)

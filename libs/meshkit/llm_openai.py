@@ -38,7 +38,7 @@ from tenacity import (
 )
 
 from meshkit.client import BreakerMetrics, remaining_budget
-from meshkit.llm import LLMError, Messages, ModelT
+from meshkit.llm_common import LLMError, Messages, ModelT
 from meshkit.llm_replies import parse_structured
 from meshkit.settings import LLMSettings
 

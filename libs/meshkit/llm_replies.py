@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from meshkit.llm import LLMError, ModelT
+from meshkit.llm_common import LLMError, ModelT
 
 _FENCE_MARK = "```"
 _FENCE_LANGUAGE = re.compile(r"[a-zA-Z]*")

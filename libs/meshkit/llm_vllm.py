@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from meshkit.client import remaining_budget
-from meshkit.llm import LLMError, Messages, ModelT
+from meshkit.llm_common import LLMError, Messages, ModelT
 from meshkit.llm_replies import parse_structured
 from meshkit.settings import LLMSettings
 

@@ -12,7 +12,6 @@ import io
 import re
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 import pdfplumber
@@ -22,22 +21,10 @@ from markdownify import ATX, MarkdownConverter
 from pdfminer.pdftypes import resolve1
 
 from meshkit.evidence_text import HUGO_SHORTCODES, split_front_matter, strip_tags
+from meshkit.formats import detect_format as detect_format  # re-exported: the service imports it here
 from ragmesh.ingestion.v1 import ingestion_pb2
 
 DEFAULT_MAX_PDF_PAGES = 2000
-
-_EXTENSION_FORMATS: dict[str, ingestion_pb2.DocumentFormat] = {
-    ".md": ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
-    ".markdown": ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
-    ".mdx": ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
-    ".txt": ingestion_pb2.DOCUMENT_FORMAT_TEXT,
-    ".text": ingestion_pb2.DOCUMENT_FORMAT_TEXT,
-    ".rst": ingestion_pb2.DOCUMENT_FORMAT_TEXT,
-    ".html": ingestion_pb2.DOCUMENT_FORMAT_HTML,
-    ".htm": ingestion_pb2.DOCUMENT_FORMAT_HTML,
-    ".xhtml": ingestion_pb2.DOCUMENT_FORMAT_HTML,
-    ".pdf": ingestion_pb2.DOCUMENT_FORMAT_PDF,
-}
 
 _TEXT_FORMATS = frozenset(
     {
@@ -99,17 +86,6 @@ class DocumentError(Exception):
 class NormalizedDocument:
     markdown: str
     title: str
-
-
-def detect_format(filename: str, content: bytes) -> ingestion_pb2.DocumentFormat | None:
-    """The format a file's extension names; a file without a known extension is recognised
-    only if it is a PDF (by its magic bytes). None: unknown, the caller rejects it."""
-    suffix = PurePosixPath(filename.replace("\\", "/")).suffix.lower()
-    if suffix in _EXTENSION_FORMATS:
-        return _EXTENSION_FORMATS[suffix]
-    if content.lstrip()[:5] == b"%PDF-":
-        return ingestion_pb2.DOCUMENT_FORMAT_PDF
-    return None
 
 
 def normalize(

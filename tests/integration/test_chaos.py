@@ -26,7 +26,7 @@ SECURE = os.environ.get("RAGMESH_CHAOS_SECURE", "1") != "0"
 # Only what the write path needs: the read path's stages would only share the two cores.
 SERVICES = ["embedder", "index", "sparse", "ingestion", "worker"]
 # Nothing shortened: lease, ack_wait, max_deliver, backoffs and breakers are the shipped
-# defaults (libs/meshkit/settings.py). Only the log level is set.
+# defaults (libs/meshkit/settings/). Only the log level is set.
 ENV = {"RAGMESH_LOG_LEVEL": "INFO"}
 
 

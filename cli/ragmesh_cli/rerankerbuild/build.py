@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from ragmesh_cli.evaluation import load_dataset
+from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.rerankerbuild import mining
+from ragmesh_cli.rerankerbuild.arguments import MODEL_NAME, add_arguments
 from ragmesh_cli.rerankerbuild.mining import Mined, Passage, progress
 from ragmesh_cli.rerankerbuild.validation import evaluate, first_stage
 
-MODEL_NAME = "ragmesh-minilm-l6-ce-v1"
 VALIDATION_SHARE = 0.15
 CURVE_QUERIES = 60
 CURVE_DEPTH = 20
@@ -180,28 +179,6 @@ def finish(
     manifest = export.write_manifest(out, fields)
     progress(f"wrote {out} ({json.dumps(manifest['files'])})")
     return 0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dataset", type=Path, default=Path("../shared/bench/scifact"), help="BEIR dataset root."
-    )
-    parser.add_argument(
-        "--out", type=Path, default=Path("models/reranker") / MODEL_NAME, help="Model directory."
-    )
-    parser.add_argument(
-        "--work-dir", type=Path, default=Path(".cache/reranker-build"), help="Caches, checkpoints."
-    )
-    parser.add_argument("--seed", type=int, default=13)
-    parser.add_argument(
-        "--groups", type=int, default=1800, help="Training groups (1 positive + 5 negatives)."
-    )
-    parser.add_argument("--cloze", type=int, default=1500, help="Self-supervised cloze groups to mine.")
-    parser.add_argument("--train-tokens", type=int, default=160, help="Pair length while training.")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument(
-        "--reuse-checkpoint", action="store_true", help="Skip training when the work dir has the weights."
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,8 +12,9 @@ import pytest
 
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli import ingest, procutil
+from ragmesh_cli.config import settings_rows
 from ragmesh_cli.documents import WalkStats
-from ragmesh_cli.main import build_parser, format_table, main, resolve_address, settings_rows
+from ragmesh_cli.main import build_parser, format_table, main, resolve_address
 from ragmesh_cli.stack import STATE_FILE, STATE_VERSION, Stack
 
 

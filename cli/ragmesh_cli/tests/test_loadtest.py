@@ -30,6 +30,7 @@ from ragmesh.planner.v1 import planner_pb2
 from ragmesh.reranker.v1 import reranker_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from ragmesh_cli import loadtest, procutil
+from ragmesh_cli.addresses import resolve_address
 from ragmesh_cli.documents import InputError
 from ragmesh_cli.loadtest import DriveOptions, RequestOptions
 from ragmesh_cli.stack import STATE_FILE, STATE_VERSION
@@ -69,27 +70,6 @@ def _ok(request: bytes, context: grpc.ServicerContext) -> bytes:
 
 
 # ---------------------------------------------------------------------------- statistics
-
-
-def test_percentile_is_nearest_rank() -> None:
-    values = [float(v) for v in range(1, 101)]
-    assert loadtest.percentile(values, 50) == 50.0
-    assert loadtest.percentile(values, 95) == 95.0
-    assert loadtest.percentile(values, 99) == 99.0
-    assert loadtest.percentile(values, 99.5) == 100.0
-    assert loadtest.percentile(values, 100) == 100.0
-    assert loadtest.percentile(values, 0) == 1.0
-    assert loadtest.percentile([7.0], 99) == 7.0
-    assert loadtest.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
-    assert loadtest.percentile([], 50) is None
-    with pytest.raises(ValueError):
-        loadtest.percentile(values, 101)
-
-
-def test_latency_summary_in_ms() -> None:
-    summary = loadtest.latency_summary_ms([0.003, 0.001, 0.002, 0.010])
-    assert summary == {"p50": 2.0, "p95": 10.0, "p99": 10.0, "max": 10.0, "mean": 4.0}
-    assert loadtest.latency_summary_ms([])["p99"] is None
 
 
 def test_scheduled_count() -> None:
@@ -400,14 +380,14 @@ def test_addresses_env_beats_stack_json_beats_default(
 ) -> None:
     for var in ("RAGMESH_RERANKER_ADDRESS", "RAGMESH_INDEX_ADDRESSES"):
         monkeypatch.delenv(var, raising=False)
-    assert loadtest.resolve_component_address("reranker", tmp_path) == "127.0.0.1:50057"
-    assert loadtest.resolve_component_address("index", tmp_path) == "127.0.0.1:50052"
+    assert resolve_address("reranker", tmp_path) == "127.0.0.1:50057"
+    assert resolve_address("index", tmp_path) == "127.0.0.1:50052"
     components = [
         {"name": "reranker", "kind": "reranker", "ports": {"main": 41001, "metrics": 1}},
         {"name": "index-0", "kind": "index", "ports": {"main": 41002, "metrics": 1}},
     ]
     procutil.write_json_atomic(tmp_path / STATE_FILE, {"version": STATE_VERSION, "components": components})
-    assert loadtest.resolve_component_address("reranker", tmp_path) == "127.0.0.1:41001"
-    assert loadtest.resolve_component_address("index", tmp_path) == "127.0.0.1:41002"
+    assert resolve_address("reranker", tmp_path) == "127.0.0.1:41001"
+    assert resolve_address("index", tmp_path) == "127.0.0.1:41002"
     monkeypatch.setenv("RAGMESH_INDEX_ADDRESSES", "shard0:1, shard1:2")
-    assert loadtest.resolve_component_address("index", tmp_path) == "shard0:1"
+    assert resolve_address("index", tmp_path) == "shard0:1"

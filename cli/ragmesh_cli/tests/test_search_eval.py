@@ -222,13 +222,6 @@ def test_a_reranked_response_is_two_systems() -> None:
     assert runs["fused"] == ["a", "b"] and runs["reranked"] == ["b", "a"]
 
 
-def test_percentile_matches_linear_interpolation() -> None:
-    values = [float(v) for v in range(1, 101)]
-    assert evaluation.percentile(values, 50) == pytest.approx(50.5)
-    assert evaluation.percentile(values, 95) == pytest.approx(95.05)
-    assert evaluation.percentile([], 95) == 0.0
-
-
 # ---------------------------------------------------------------------------- end to end (fake servers)
 
 
