@@ -32,6 +32,7 @@ from ragmesh_cli.stack import (
     read_state,
     stack_is_running,
 )
+from ragmesh_client import RagmeshError
 
 DEFAULT_STATE_DIR = ".ragmesh"
 RPC_TIMEOUT_S = 60.0
@@ -497,6 +498,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code_name = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
         details = exc.details() if hasattr(exc, "details") else str(exc)
         print(f"error: {code_name}: {details}", file=sys.stderr)
+        return 1
+    except RagmeshError as exc:
+        print(f"error: {exc.code.name}: {exc.message}", file=sys.stderr)
         return 1
     except (StackError, InputError, RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

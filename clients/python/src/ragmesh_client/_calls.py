@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from ragmesh_client import _convert
 from ragmesh_client._pb.gateway.v1 import gateway_pb2, gateway_pb2_grpc
@@ -51,6 +52,17 @@ def _checked(allow_degraded: bool, read: Callable[[Any, str], T]) -> Callable[[A
         return result
 
     return checked
+
+
+M = TypeVar("M", bound=Message)
+
+
+def _contract(message: Message, kind: type[M]) -> M:
+    """A request given as a contract message (``request=``), checked to be the one expected."""
+    expected = kind.DESCRIPTOR.full_name
+    if message.DESCRIPTOR.full_name != expected:
+        raise TypeError(f"request must be a {expected}, not a {message.DESCRIPTOR.full_name}")
+    return message  # type: ignore[return-value]
 
 
 def _stub_types() -> dict[str, Any]:
@@ -112,10 +124,14 @@ class CallBuilder:
         query: str,
         timeout: float | None,
         allow_degraded: bool,
-        request: gateway_pb2.SearchRequest | None,
+        request: Message | None,
         options: Mapping[str, Any],
     ) -> Call[SearchResponse]:
-        message = request if request is not None else _convert.search_request(collection, query, **options)
+        message = (
+            _contract(request, gateway_pb2.SearchRequest)
+            if request is not None
+            else _convert.search_request(collection, query, **options)
+        )
         return Call(
             GATEWAY,
             "Search",
@@ -130,10 +146,10 @@ class CallBuilder:
         query: str,
         timeout: float | None,
         allow_degraded: bool,
-        request: gateway_pb2.AskRequest | None,
+        request: Message | None,
         options: Mapping[str, Any],
     ) -> Call[Answer]:
-        message = request if request is not None else _convert.ask_request(collection, query, **options)
+        message = self._ask_message(collection, query, request, options)
         return Call(
             GATEWAY,
             "Ask",
@@ -147,10 +163,10 @@ class CallBuilder:
         collection: str,
         query: str,
         timeout: float | None,
-        request: gateway_pb2.AskRequest | None,
+        request: Message | None,
         options: Mapping[str, Any],
     ) -> Call[Any]:
-        message = request if request is not None else _convert.ask_request(collection, query, **options)
+        message = self._ask_message(collection, query, request, options)
         return Call(
             GATEWAY,
             "AskStream",
@@ -158,6 +174,14 @@ class CallBuilder:
             self._timeout(timeout, self.config.timeouts.ask),
             _convert.ask_event,
         )
+
+    @staticmethod
+    def _ask_message(
+        collection: str, query: str, request: Message | None, options: Mapping[str, Any]
+    ) -> gateway_pb2.AskRequest:
+        if request is not None:
+            return _contract(request, gateway_pb2.AskRequest)
+        return _convert.ask_request(collection, query, **options)
 
     # ------------------------------------------------------------------ ingestion
 

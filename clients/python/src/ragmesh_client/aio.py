@@ -10,10 +10,10 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from grpc import aio
 
 from ragmesh_client._calls import GATEWAY, Call, CallBuilder, finished
-from ragmesh_client._pb.gateway.v1 import gateway_pb2
 from ragmesh_client.config import ClientConfig, new_request_id
 from ragmesh_client.errors import from_rpc_error
 from ragmesh_client.types import (
@@ -75,7 +75,7 @@ class AsyncClient(CallBuilder):
         *,
         timeout: float | None = None,
         allow_degraded: bool = True,
-        request: gateway_pb2.SearchRequest | None = None,
+        request: Message | None = None,
         **options: Any,
     ) -> SearchResponse:
         return await self._run(self._search(collection, query, timeout, allow_degraded, request, options))
@@ -87,7 +87,7 @@ class AsyncClient(CallBuilder):
         *,
         timeout: float | None = None,
         allow_degraded: bool = True,
-        request: gateway_pb2.AskRequest | None = None,
+        request: Message | None = None,
         **options: Any,
     ) -> Answer:
         return await self._run(self._ask(collection, query, timeout, allow_degraded, request, options))
@@ -98,7 +98,7 @@ class AsyncClient(CallBuilder):
         query: str,
         *,
         timeout: float | None = None,
-        request: gateway_pb2.AskRequest | None = None,
+        request: Message | None = None,
         **options: Any,
     ) -> AsyncIterator[AskEvent]:
         """Progress per stage, the text as it is written (AskDelta), then the verified Answer."""

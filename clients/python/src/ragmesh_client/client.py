@@ -9,9 +9,9 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from ragmesh_client._calls import GATEWAY, Call, CallBuilder, finished
-from ragmesh_client._pb.gateway.v1 import gateway_pb2
 from ragmesh_client.config import ClientConfig, new_request_id
 from ragmesh_client.errors import from_rpc_error
 from ragmesh_client.types import (
@@ -78,7 +78,7 @@ class Client(CallBuilder):
         *,
         timeout: float | None = None,
         allow_degraded: bool = True,
-        request: gateway_pb2.SearchRequest | None = None,
+        request: Message | None = None,
         **options: Any,
     ) -> SearchResponse:
         return self._run(self._search(collection, query, timeout, allow_degraded, request, options))
@@ -90,7 +90,7 @@ class Client(CallBuilder):
         *,
         timeout: float | None = None,
         allow_degraded: bool = True,
-        request: gateway_pb2.AskRequest | None = None,
+        request: Message | None = None,
         **options: Any,
     ) -> Answer:
         return self._run(self._ask(collection, query, timeout, allow_degraded, request, options))
@@ -101,7 +101,7 @@ class Client(CallBuilder):
         query: str,
         *,
         timeout: float | None = None,
-        request: gateway_pb2.AskRequest | None = None,
+        request: Message | None = None,
         **options: Any,
     ) -> Iterator[AskEvent]:
         """Progress per stage, the text as it is written (AskDelta), then the verified Answer."""
