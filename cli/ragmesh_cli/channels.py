@@ -113,12 +113,14 @@ def open_channel(address: str, options: Sequence[tuple[str, Any]] | None = None)
     )
 
 
-def gateway_client(address: str) -> AsyncClient:
-    """A ragmesh_client to the gateway at ``address`` with the CLI's API key and TLS (the same
-    ones ``open_channel`` uses)."""
-    key, tls = api_key(), client_tls()
+def gateway_client(address: str, ingestion: str | None = None, *, key: str | None = None) -> AsyncClient:
+    """A ragmesh_client to the gateway at ``address`` (and the ingestion API at ``ingestion``)
+    with the CLI's TLS (the same as ``open_channel``'s) and ``key`` (None: the CLI's API key;
+    "": none)."""
+    key, tls = api_key() if key is None else key, client_tls()
     return AsyncClient(
         address,
+        ingestion=ingestion,
         api_key=key or None,
         tls=None if tls is None else TLS(tls.ca_file, tls.cert_file, tls.key_file, tls.server_name),
     )

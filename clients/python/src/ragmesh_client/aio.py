@@ -180,10 +180,12 @@ class AsyncClient(CallBuilder):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close(None)
+    async def close(self, grace: float | None = None) -> None:
+        """Close the channels; calls in flight get ``grace`` seconds to finish (None: cancelled)."""
+        channels = list(self._channels.values())
         self._channels.clear()
+        for channel in channels:
+            await channel.close(grace)
 
     async def __aenter__(self) -> AsyncClient:
         return self
