@@ -51,7 +51,7 @@ proto-check: setup
 	$(PY) -m grpc_tools.protoc -I proto --python_out=.cache/gen-check --pyi_out=.cache/gen-check \
 		--grpc_python_out=.cache/gen-check $(PROTO_FILES)
 	find .cache/gen-check/ragmesh -type d -exec touch {}/__init__.py \;
-	diff -r .cache/gen-check/ragmesh $(GEN_DIR)/ragmesh || \
+	diff -r -x __pycache__ .cache/gen-check/ragmesh $(GEN_DIR)/ragmesh || \
 		{ echo "gen/ is stale: run 'make proto' and commit"; exit 1; }
 	$(call client_pb,.cache/gen-check,.cache/gen-check-client)
 	diff -r -x __pycache__ .cache/gen-check-client $(CLIENT_PB) || \
