@@ -215,3 +215,34 @@ def test_readme_example_in_a_fresh_venv(auth_stack: Stack, indexed: list[str], t
     lines = run.stdout.strip().splitlines()
     assert "keys/rotation.md" in lines[0]
     assert re.search(r"\[\d+\]", run.stdout)
+
+
+def test_cli_search_and_ask_run_on_the_client(
+    auth_stack: Stack,
+    indexed: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ragmesh search`` / ``ask`` as a tenant configured by the environment and --api-key."""
+    from ragmesh_cli import channels
+    from ragmesh_cli.main import main
+
+    for name in [n for n in os.environ if n.startswith("RAGMESH_")]:
+        monkeypatch.delenv(name)
+    ops, env = auth_stack.client_tls(), auth_stack.client_env()
+    monkeypatch.setenv("RAGMESH_GATEWAY_ADDRESS", env["RAGMESH_GATEWAY_ADDRESS"])
+    monkeypatch.setenv("RAGMESH_TLS_CA_FILE", str(ops.ca_file))
+    monkeypatch.setenv("RAGMESH_TLS_SERVER_NAME", ops.server_name)
+    key = ["--state-dir", str(tmp_path), "--api-key", auth_stack.api_key(AUTH_TENANT)]
+    try:
+        assert main([*key, "search", QUESTION, "--collection", COLLECTION]) == 0
+        assert "keys/rotation.md" in capsys.readouterr().out
+        assert main([*key, "ask", QUESTION, "--collection", COLLECTION, "--mode", "extractive"]) == 0
+        out = capsys.readouterr().out
+        assert "sources:" in out and "keys/rotation.md" in out
+        assert main([*key, "search", QUESTION, "--collection", "someone-elses"]) == 1
+        assert capsys.readouterr().err.startswith("error: PERMISSION_DENIED: ")
+    finally:
+        channels.use_api_key(None)
+        channels.use_state_dir(None)
