@@ -346,3 +346,15 @@ async def test_async_deadline_and_stream(mesh: FakeMesh) -> None:
         mesh.script.delay_s = 1.0
         with pytest.raises(DeadlineExceededError):
             await c.ask("docs", "q", timeout=0.2)
+
+
+def test_a_contract_message_is_sent_as_is_and_checked(mesh: FakeMesh, client: Client) -> None:
+    from ragmesh_client._pb.gateway.v1 import gateway_pb2
+
+    request = gateway_pb2.SearchRequest(collection="docs", query="q", top_k=1, include_leg_results=True)
+    assert client.search("", "", request=request).raw.results
+    with pytest.raises(TypeError, match="SearchRequest"):
+        client.search("", "", request=gateway_pb2.AskRequest(collection="docs", query="q"))
+    with pytest.raises(ValueError, match="not both"):
+        client.search("", "", request=request, top_k=3)
+    assert mesh.script.attempts("Search") == 1

@@ -57,8 +57,10 @@ def _checked(allow_degraded: bool, read: Callable[[Any, str], T]) -> Callable[[A
 M = TypeVar("M", bound=Message)
 
 
-def _contract(message: Message, kind: type[M]) -> M:
+def _contract(message: Message, kind: type[M], options: Mapping[str, Any]) -> M:
     """A request given as a contract message (``request=``), checked to be the one expected."""
+    if options:
+        raise ValueError(f"give either request= or options, not both ({', '.join(sorted(options))})")
     expected = kind.DESCRIPTOR.full_name
     if message.DESCRIPTOR.full_name != expected:
         raise TypeError(f"request must be a {expected}, not a {message.DESCRIPTOR.full_name}")
@@ -128,7 +130,7 @@ class CallBuilder:
         options: Mapping[str, Any],
     ) -> Call[SearchResponse]:
         message = (
-            _contract(request, gateway_pb2.SearchRequest)
+            _contract(request, gateway_pb2.SearchRequest, options)
             if request is not None
             else _convert.search_request(collection, query, **options)
         )
@@ -180,7 +182,7 @@ class CallBuilder:
         collection: str, query: str, request: Message | None, options: Mapping[str, Any]
     ) -> gateway_pb2.AskRequest:
         if request is not None:
-            return _contract(request, gateway_pb2.AskRequest)
+            return _contract(request, gateway_pb2.AskRequest, options)
         return _convert.ask_request(collection, query, **options)
 
     # ------------------------------------------------------------------ ingestion
