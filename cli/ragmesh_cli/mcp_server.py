@@ -36,6 +36,9 @@ KEY_CHECK_TTL_S = 30.0
 MAX_KEYS = 64
 # An evicted client's calls in flight get this long to finish (the longest deadline: ask's).
 EVICT_GRACE_S = 130.0
+# Key checks in flight at once: a flood of made-up keys costs the mesh at most this many calls
+# at a time, the rest wait (their HTTP requests with them).
+MAX_KEY_CHECKS = 8
 
 
 class Clients:
@@ -82,6 +85,7 @@ class KeyCheck:
     def __init__(self, clients: Clients, ttl_s: float = KEY_CHECK_TTL_S) -> None:
         self.clients, self.ttl_s = clients, ttl_s
         self._verdicts: OrderedDict[str, tuple[bool, float]] = OrderedDict()
+        self._gate = asyncio.Semaphore(MAX_KEY_CHECKS)
 
     async def accepts(self, key: str | None) -> bool:
         digest = hashlib.sha256((key or "").encode()).hexdigest()
@@ -89,7 +93,8 @@ class KeyCheck:
         if cached is not None and cached[1] > time.monotonic():
             return cached[0]
         try:
-            await self.clients.get(key).list_collections(timeout=10.0)
+            async with self._gate:
+                await self.clients.get(key).list_collections(timeout=10.0)
             verdict = True
         except UnauthenticatedError:
             verdict = False
