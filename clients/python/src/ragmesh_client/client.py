@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from ragmesh_client._calls import GATEWAY, Call, CallBuilder, finished
+from ragmesh_client._calls import GATEWAY, INGESTION, Call, CallBuilder, finished
 from ragmesh_client.config import ClientConfig, new_request_id
 from ragmesh_client.errors import from_rpc_error
 from ragmesh_client.types import (
@@ -42,22 +42,26 @@ class Client(CallBuilder):
 
     def __init__(self, gateway: str | None = None, **kwargs: Any) -> None:
         super().__init__(gateway, **kwargs)
-        self._channels: dict[str, grpc.Channel] = {}
+        # Both channels now (they connect on first use), so threads never race to create one.
+        self._channels: dict[str, grpc.Channel] = {
+            service: self._open(service) for service in (GATEWAY, INGESTION)
+        }
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Client:
         """Configured like the ragmesh CLI (RAGMESH_GATEWAY_ADDRESS, RAGMESH_API_KEY, ...)."""
         return cls(config=ClientConfig.from_env(**overrides))
 
+    def _open(self, service: str) -> grpc.Channel:
+        target, options = self._target(service), self.config.channel_options()
+        credentials = self._credentials()
+        if credentials is None:
+            return grpc.insecure_channel(target, options=options)
+        return grpc.secure_channel(target, credentials, options=options)
+
     def _channel(self, service: str) -> grpc.Channel:
-        if service not in self._channels:
-            target, options = self._target(service), self.config.channel_options()
-            credentials = self._credentials()
-            self._channels[service] = (
-                grpc.insecure_channel(target, options=options)
-                if credentials is None
-                else grpc.secure_channel(target, credentials, options=options)
-            )
+        if not self._channels:
+            raise RuntimeError("the client is closed")
         return self._channels[service]
 
     def _run(self, call: Call[T]) -> T:
