@@ -358,3 +358,14 @@ def test_a_contract_message_is_sent_as_is_and_checked(mesh: FakeMesh, client: Cl
     with pytest.raises(ValueError, match="not both"):
         client.search("", "", request=request, top_k=3)
     assert mesh.script.attempts("Search") == 1
+
+
+def test_retries_are_throttled_when_most_attempts_fail(mesh: FakeMesh, client: Client) -> None:
+    """After half the channel's retry tokens are spent, failures are not retried any more."""
+    mesh.script.outcomes = [UNAVAILABLE] * 100
+    for _ in range(6):
+        with pytest.raises(UnavailableError):
+            client.search("docs", "q")
+    # 10 tokens: the first call's retries spend down to 6, then one more attempt reaches 5 and
+    # from there each call makes one attempt only (instead of 4 each: 24).
+    assert mesh.script.attempts("Search") < 12

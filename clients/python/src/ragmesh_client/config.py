@@ -41,12 +41,18 @@ _SCHEMES = frozenset({"dns", "ipv4", "ipv6", "unix", "unix-abstract", "vsock", "
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """gRPC's retry policy for the safe methods; ``max_attempts=1`` turns retries off."""
+    """gRPC's retry policy for the safe methods; ``max_attempts=1`` turns retries off.
+
+    Retries are throttled per channel (gRPC's retryThrottling): every failed attempt spends a
+    token, every success earns back ``throttle_token_ratio``, and with half the tokens gone no
+    call retries, so an outage does not multiply the load on a struggling mesh."""
 
     max_attempts: int = 4
     initial_backoff_s: float = 0.2
     max_backoff_s: float = 2.0
     backoff_multiplier: float = 2.0
+    throttle_max_tokens: int = 10
+    throttle_token_ratio: float = 0.1
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_attempts <= 5:
@@ -60,6 +66,7 @@ class RetryPolicy:
         """The channel's service config: the policy on every safe method, nothing on the others."""
         names = [{"service": s, "method": m} for s, methods in SAFE_METHODS.items() for m in methods]
         method: dict[str, Any] = {"name": names}
+        config: dict[str, Any] = {"methodConfig": [method]}
         if self.max_attempts > 1:
             method["retryPolicy"] = {
                 "maxAttempts": self.max_attempts,
@@ -68,7 +75,11 @@ class RetryPolicy:
                 "backoffMultiplier": self.backoff_multiplier,
                 "retryableStatusCodes": list(RETRYABLE_CODES),
             }
-        return json.dumps({"methodConfig": [method]})
+            config["retryThrottling"] = {
+                "maxTokens": self.throttle_max_tokens,
+                "tokenRatio": self.throttle_token_ratio,
+            }
+        return json.dumps(config)
 
 
 @dataclass(frozen=True)
