@@ -7,6 +7,11 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export BUF_CACHE_DIR := $(abspath .cache/buf)
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 GEN_DIR := gen/python
+# The client package (clients/python) carries its own copy of the public contracts (and the ones
+# they import), under ragmesh_client._pb with imports rewritten, so that it installs alone and
+# never shadows the project's ragmesh.* modules. Produced by `make proto` only.
+CLIENT_PB := clients/python/src/ragmesh_client/_pb
+CLIENT_CONTRACTS := common extractor gateway ingestion narrator planner
 SCIFACT ?= ../shared/bench/scifact
 STAMP := $(VENV)/.installed
 
@@ -16,11 +21,21 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 # Reinstall only when the lock or the project metadata changes.
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock pyproject.toml clients/python/pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-deps -r requirements.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e clients/python
 	@touch $(STAMP)
+
+# $(call client_pb,GENERATED_DIR,DEST): the client's copy of the contracts it needs.
+define client_pb
+	rm -rf $(2) && mkdir -p $(2) && touch $(2)/__init__.py
+	for c in $(CLIENT_CONTRACTS); do cp -r $(1)/ragmesh/$$c $(2)/; done
+	find $(2) -name __pycache__ -prune -exec rm -rf {} \;
+	find $(2) \( -name '*.py' -o -name '*.pyi' \) -exec sed -i -E \
+		's/^from ragmesh\./from ragmesh_client._pb./; s/^import ragmesh\./import ragmesh_client._pb./' {} +
+endef
 
 # Regenerate the Python code for every contract in proto/ (never edit gen/ by hand).
 proto: setup
@@ -28,6 +43,7 @@ proto: setup
 	$(PY) -m grpc_tools.protoc -I proto --python_out=$(GEN_DIR) --pyi_out=$(GEN_DIR) \
 		--grpc_python_out=$(GEN_DIR) $(PROTO_FILES)
 	find $(GEN_DIR)/ragmesh -type d -exec touch {}/__init__.py \;
+	$(call client_pb,$(GEN_DIR),$(CLIENT_PB))
 
 # CI: the committed generated code must match what `make proto` produces now.
 proto-check: setup
@@ -35,8 +51,11 @@ proto-check: setup
 	$(PY) -m grpc_tools.protoc -I proto --python_out=.cache/gen-check --pyi_out=.cache/gen-check \
 		--grpc_python_out=.cache/gen-check $(PROTO_FILES)
 	find .cache/gen-check/ragmesh -type d -exec touch {}/__init__.py \;
-	diff -r .cache/gen-check/ragmesh $(GEN_DIR)/ragmesh || \
+	diff -r -x __pycache__ .cache/gen-check/ragmesh $(GEN_DIR)/ragmesh || \
 		{ echo "gen/ is stale: run 'make proto' and commit"; exit 1; }
+	$(call client_pb,.cache/gen-check,.cache/gen-check-client)
+	diff -r -x __pycache__ .cache/gen-check-client $(CLIENT_PB) || \
+		{ echo "$(CLIENT_PB) is stale: run 'make proto' and commit"; exit 1; }
 
 buf-check: setup
 	$(BIN)/buf lint
@@ -63,7 +82,7 @@ fmt: setup
 	$(BIN)/ruff check --fix .
 
 typecheck: setup
-	$(BIN)/mypy libs/meshkit services cli/ragmesh_cli bench
+	$(BIN)/mypy libs/meshkit services cli/ragmesh_cli bench clients/python/src/ragmesh_client
 
 # Render both kustomize overlays, validate them offline against the Kubernetes schemas, lint
 # the Dockerfiles (hadolint).

@@ -19,9 +19,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Package name -> its directory, for the packages whose imports must form no cycle.
-LAYERED_PACKAGES = {"ragmesh_cli": ROOT / "cli" / "ragmesh_cli", "meshkit": ROOT / "libs" / "meshkit"}
+LAYERED_PACKAGES = {
+    "ragmesh_cli": ROOT / "cli" / "ragmesh_cli",
+    "meshkit": ROOT / "libs" / "meshkit",
+    "ragmesh_client": ROOT / "clients" / "python" / "src" / "ragmesh_client",
+}
 MAX_LINES = 500
-SKIPPED_DIRS = {"gen", ".venv", "node_modules", "build", "dist", "__pycache__"}
+SKIPPED_DIRS = {"gen", "_pb", ".venv", "node_modules", "build", "dist", "__pycache__"}
 # Modules over the limit when the limit came (issue 14), each to be split by its owner; a module
 # leaves the list when it is split (test_oversized_list_is_current), and no other may join it.
 OVERSIZED = frozenset(
@@ -155,7 +159,7 @@ def test_lower_layer_imports_no_command_module() -> None:
     for name in lower:
         module = f"ragmesh_cli.{name}"
         reached = reachable(graph, module)
-        upward = sorted(m for m in reached if m.split(".")[1:2] and m.split(".")[1] in commands)
+        upward = sorted(m for m in reached if m.startswith("ragmesh_cli.") and m.split(".")[1] in commands)
         assert not upward, f"{module} reaches command modules {upward}"
 
 

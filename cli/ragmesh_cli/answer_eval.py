@@ -32,20 +32,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpc import aio
 from tqdm import tqdm
 
 from meshkit.answering import cited_numbers, coverage
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh_cli.ask import MODES, TimedAnswer, stream_ask
-from ragmesh_cli.channels import open_channel
+from ragmesh_cli.channels import gateway_client
 from ragmesh_cli.datasets import BeirDataset, load_dataset
 from ragmesh_cli.documents import InputError, sanitize_doc_id
 from ragmesh_cli.evaluation import FATAL_CODES, ensure_ingested
 from ragmesh_cli.search import degradation_label
 from ragmesh_cli.stats import percentile
 from ragmesh_cli.tables import format_table
+from ragmesh_client import AsyncClient, RagmeshError
 
 # A rationale sentence is "present" among the facts when one fact of its document holds this
 # share of its content words.
@@ -246,7 +246,7 @@ def mode_report(scores: ModeScores) -> dict[str, Any]:
 
 
 async def collect_answers(
-    stub: gateway_pb2_grpc.GatewayServiceStub,
+    client: AsyncClient,
     requests: Mapping[str, gateway_pb2.AskRequest],
     *,
     timeout_s: float,
@@ -260,11 +260,11 @@ async def collect_answers(
     async def one(query_id: str, request: gateway_pb2.AskRequest) -> AnswerOutcome:
         async with gate:
             try:
-                return AnswerOutcome(query_id, await stream_ask(stub, request, timeout_s))
-            except aio.AioRpcError as exc:
-                if exc.code() in FATAL_CODES:
+                return AnswerOutcome(query_id, await stream_ask(client, request, timeout_s))
+            except RagmeshError as exc:
+                if exc.code in FATAL_CODES:
                     raise
-                return AnswerOutcome(query_id, None, f"{exc.code().name}: {exc.details()}")
+                return AnswerOutcome(query_id, None, f"{exc.code.name}: {exc.message}")
 
     tasks = [asyncio.ensure_future(one(qid, req)) for qid, req in requests.items()]
     outcomes: list[AnswerOutcome] = []
@@ -354,8 +354,7 @@ async def run_answer_eval(args: argparse.Namespace, gateway_address: str, ingest
         )
     timeout_s = DEFAULT_TIMEOUT_S if args.deadline_ms is None else args.deadline_ms / 1000.0
     modes: dict[str, Any] = {}
-    async with open_channel(gateway_address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    async with gateway_client(gateway_address) as client:
         for mode in args.modes:
             requests = {
                 qid: gateway_pb2.AskRequest(
@@ -368,7 +367,7 @@ async def run_answer_eval(args: argparse.Namespace, gateway_address: str, ingest
                 for qid, text in dataset.queries.items()
             }
             outcomes = await collect_answers(
-                stub, requests, timeout_s=timeout_s, concurrency=args.concurrency, label=mode
+                client, requests, timeout_s=timeout_s, concurrency=args.concurrency, label=mode
             )
             scores = score_mode(outcomes, dataset, rationales)
             if unanswerable:
@@ -379,7 +378,7 @@ async def run_answer_eval(args: argparse.Namespace, gateway_address: str, ingest
                     for qid, text in unanswerable.items()
                 }
                 refusals = await collect_answers(
-                    stub,
+                    client,
                     asked,
                     timeout_s=timeout_s,
                     concurrency=args.concurrency,

@@ -17,10 +17,11 @@ from typing import Any, TextIO
 
 from google.protobuf.json_format import MessageToDict
 
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.planner.v1 import planner_pb2
-from ragmesh_cli.channels import open_channel
+from ragmesh_cli.channels import gateway_client
 from ragmesh_cli.search import STRATEGIES, degradation_label, read_history, searched_line, snippet
+from ragmesh_client import Answer, AskDelta, AskEvent, AskProgress, AsyncClient
 
 DEFAULT_TIMEOUT_S = 120.0
 MODES = {"llm": gateway_pb2.ANSWER_MODE_LLM, "extractive": gateway_pb2.ANSWER_MODE_EXTRACTIVE}
@@ -40,23 +41,24 @@ class TimedAnswer:
 
 
 async def stream_ask(
-    stub: gateway_pb2_grpc.GatewayServiceStub,
+    client: AsyncClient,
     request: gateway_pb2.AskRequest,
     timeout_s: float,
-    on_event: Callable[[gateway_pb2.AskStreamResponse], None] | None = None,
+    on_event: Callable[[AskEvent], None] | None = None,
 ) -> TimedAnswer:
-    """One AskStream call: its final answer and how long the first text and the whole took."""
+    """One streamed answer (ragmesh_client.ask_stream): the verified answer's message and how
+    long the first text and the whole took. Failures raise ragmesh_client.RagmeshError."""
     started = time.perf_counter()
     first: float | None = None
     answer: gateway_pb2.AskResponse | None = None
-    call = stub.AskStream(gateway_pb2.AskStreamRequest(request=request), timeout=timeout_s)
-    async for event in call:
+    events = client.ask_stream(request.collection, request.query, request=request, timeout=timeout_s)
+    async for event in events:
         if on_event is not None:
             on_event(event)
-        if event.HasField("delta") and first is None and event.delta.strip():
+        if isinstance(event, AskDelta) and first is None and event.text.strip():
             first = time.perf_counter() - started
-        elif event.HasField("answer"):
-            answer = event.answer
+        elif isinstance(event, Answer):
+            answer = event.raw
     if answer is None:
         raise RuntimeError("the stream ended without an answer")
     return TimedAnswer(answer, first, time.perf_counter() - started)
@@ -115,15 +117,14 @@ def format_answer(response: gateway_pb2.AskResponse, question: str = "") -> str:
     return "\n".join(lines)
 
 
-def _printer(out: TextIO) -> Callable[[gateway_pb2.AskStreamResponse], None]:
+def _printer(out: TextIO) -> Callable[[AskEvent], None]:
     """Progress to stderr, the text as it is written to ``out``."""
 
-    def show(event: gateway_pb2.AskStreamResponse) -> None:
-        if event.HasField("progress"):
-            p = event.progress
-            print(f"[{p.stage}: {p.count} in {p.ms:.0f} ms]", file=sys.stderr, flush=True)
-        elif event.HasField("delta"):
-            out.write(event.delta)
+    def show(event: AskEvent) -> None:
+        if isinstance(event, AskProgress):
+            print(f"[{event.stage}: {event.count} in {event.ms:.0f} ms]", file=sys.stderr, flush=True)
+        elif isinstance(event, AskDelta):
+            out.write(event.text)
             out.flush()
 
     return show
@@ -132,10 +133,9 @@ def _printer(out: TextIO) -> Callable[[gateway_pb2.AskStreamResponse], None]:
 async def run_ask(args: argparse.Namespace, address: str) -> int:
     request = build_request(args)
     timeout = DEFAULT_TIMEOUT_S if args.deadline_ms is None else args.deadline_ms / 1000.0
-    async with open_channel(address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    async with gateway_client(address) as client:
         if args.json:
-            timed = await stream_ask(stub, request, timeout)
+            timed = await stream_ask(client, request, timeout)
             document: dict[str, Any] = MessageToDict(timed.response, preserving_proto_field_name=True)
             document["first_token_ms"] = (
                 None if timed.first_token_s is None else round(timed.first_token_s * 1000, 1)
@@ -143,7 +143,7 @@ async def run_ask(args: argparse.Namespace, address: str) -> int:
             document["total_ms"] = round(timed.total_s * 1000, 1)
             print(json.dumps(document, indent=2))
             return 0
-        timed = await stream_ask(stub, request, timeout, _printer(sys.stdout))
+        timed = await stream_ask(client, request, timeout, _printer(sys.stdout))
     if timed.first_token_s is not None:
         # What streamed was the model's draft; verification may have changed it.
         print("\n\nverified answer:")

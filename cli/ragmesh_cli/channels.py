@@ -24,6 +24,7 @@ from meshkit.client import channel_options
 from meshkit.settings import ENV_PREFIX, MeshSettings
 from meshkit.tls import ClientTLS
 from meshkit.tls import open_channel as open_tls_channel
+from ragmesh_client import TLS, AsyncClient
 
 # Set from --api-key; wins over RAGMESH_API_KEY.
 _api_key_override: str | None = None
@@ -109,4 +110,17 @@ def open_channel(address: str, options: Sequence[tuple[str, Any]] | None = None)
         channel_options() if options is None else options,
         client_tls(),
         api_key_interceptors(key) if key else None,
+    )
+
+
+def gateway_client(address: str, ingestion: str | None = None, *, key: str | None = None) -> AsyncClient:
+    """A ragmesh_client to the gateway at ``address`` (and the ingestion API at ``ingestion``)
+    with the CLI's TLS (the same as ``open_channel``'s) and ``key`` (None: the CLI's API key;
+    "": none)."""
+    key, tls = api_key() if key is None else key, client_tls()
+    return AsyncClient(
+        address,
+        ingestion=ingestion,
+        api_key=key or None,
+        tls=None if tls is None else TLS(tls.ca_file, tls.cert_file, tls.key_file, tls.server_name),
     )

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-from ragmesh_cli import answer_eval, ask, certs, evaluation, keys, loadtest, search
+from ragmesh_cli import answer_eval, ask, certs, evaluation, keys, loadtest, mcp_server, search
 from ragmesh_cli.addresses import resolve_address
 from ragmesh_cli.channels import open_channel, use_api_key, use_state_dir
 from ragmesh_cli.config import cmd_config
@@ -35,6 +35,7 @@ from ragmesh_cli.stack import (
     stack_is_running,
 )
 from ragmesh_cli.tables import format_table, shorten
+from ragmesh_client import RagmeshError
 
 DEFAULT_STATE_DIR = ".ragmesh"
 RPC_TIMEOUT_S = 60.0
@@ -168,6 +169,12 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_ask(args: argparse.Namespace) -> int:
     return asyncio.run(ask.run_ask(args, resolve_address("gateway", state_dir_of(args))))
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    state_dir = state_dir_of(args)
+    gateway, ingestion = resolve_address("gateway", state_dir), resolve_address("ingestion", state_dir)
+    return mcp_server.run_mcp(args, gateway, ingestion)
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
@@ -352,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_arguments(ask_parser)
     ask_parser.set_defaults(func=cmd_ask)
 
+    mcp_server.add_parser(sub, common, cmd_mcp)
+
     eval_parser = sub.add_parser(
         "eval", parents=[common], help="retrieval quality on a BEIR dataset, or compare two saved runs"
     )
@@ -428,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code_name = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
         details = exc.details() if hasattr(exc, "details") else str(exc)
         print(f"error: {code_name}: {details}", file=sys.stderr)
+        return 1
+    except RagmeshError as exc:
+        print(f"error: {exc.code.name}: {exc.message}", file=sys.stderr)
         return 1
     except (StackError, InputError, RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -13,10 +13,10 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
-from ragmesh_cli.channels import open_channel
+from ragmesh_cli.channels import gateway_client
 from ragmesh_cli.tables import format_table
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -258,14 +258,16 @@ def format_response(response: gateway_pb2.SearchResponse, question: str = "") ->
 async def search(
     address: str, request: gateway_pb2.SearchRequest, timeout_s: float
 ) -> gateway_pb2.SearchResponse:
-    async with open_channel(address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-        response: gateway_pb2.SearchResponse = await stub.Search(request, timeout=timeout_s)
-        return response
+    """One search through ragmesh_client (its deadline, retries, key and TLS); the contract
+    message, which the table and the JSON output show whole."""
+    async with gateway_client(address) as client:
+        found = await client.search(request.collection, request.query, request=request, timeout=timeout_s)
+    response: gateway_pb2.SearchResponse = found.raw
+    return response
 
 
 async def run_search(args: argparse.Namespace, address: str) -> int:
-    """The whole command; gRPC errors propagate (main prints code and message, exit 1)."""
+    """The whole command; errors propagate (main prints code and message, exit 1)."""
     request = build_request(
         args, args.query, args.collection or "default", collapse=args.collapse, doc_ids=args.doc or ()
     )

@@ -91,3 +91,41 @@ async def gateway(stack: Stack) -> AsyncIterator[gateway_pb2_grpc.GatewayService
     )
     yield gateway_pb2_grpc.GatewayServiceStub(channel)
     await channel.close()
+
+
+# Collections the tenant of ``auth_stack`` may read and write.
+AUTH_TENANT = "tenant-docs"
+AUTH_COLLECTIONS = ["docs"]
+AUTH_SERVICES = [
+    "embedder",
+    "index",
+    "sparse",
+    "planner",
+    "reranker",
+    "extractor",
+    "narrator",
+    "ingestion",
+    "gateway",
+    "worker",
+]
+
+
+@pytest.fixture(scope="session")
+def auth_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The stack as ``ragmesh up --secure`` runs it, production timings: API keys on the gateway
+    and the ingestion API (tenant ``AUTH_TENANT`` holds ``AUTH_COLLECTIONS``), TLS everywhere,
+    two ingestion workers and two index shards. For the tests of the public clients (the Python
+    client, the MCP server)."""
+    stack = Stack(
+        tmp_path_factory.mktemp("auth-stack"),
+        workers=2,
+        index_shards=2,
+        services=[s for s in AUTH_SERVICES if s in available_services()],
+        secure=True,
+        api_keys={AUTH_TENANT: (AUTH_COLLECTIONS, AUTH_COLLECTIONS)},
+    )
+    try:
+        stack.up()
+        yield stack
+    finally:
+        stack.down()

@@ -1,0 +1,79 @@
+"""ragmesh-client: typed sync and asyncio clients for the ragmesh gateway (search, ask, streamed
+ask) and ingestion API (ingest, status, delete, dead letters), with deadlines on every call,
+retries only for safe reads, API keys and TLS.
+
+    from ragmesh_client import Client
+    with Client.from_env() as rm:
+        print(rm.ask("default", "How do I rotate an API key?").text)
+"""
+
+from ragmesh_client.aio import AsyncClient
+from ragmesh_client.client import Client
+from ragmesh_client.config import TLS, ClientConfig, RetryPolicy, Timeouts
+from ragmesh_client.errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    RagmeshError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from ragmesh_client.types import (
+    Answer,
+    AskDelta,
+    AskEvent,
+    AskProgress,
+    Citation,
+    CollectionStatus,
+    DeadLetter,
+    DeadLetterPage,
+    Degradation,
+    Document,
+    DocumentStatus,
+    Location,
+    ReplayResult,
+    SearchResponse,
+    SearchResult,
+    Sentence,
+    Source,
+    Submitted,
+)
+
+__all__ = [
+    "TLS",
+    "Answer",
+    "AskDelta",
+    "AskEvent",
+    "AskProgress",
+    "AsyncClient",
+    "Citation",
+    "Client",
+    "ClientConfig",
+    "CollectionStatus",
+    "DeadLetter",
+    "DeadLetterPage",
+    "DeadlineExceededError",
+    "Degradation",
+    "Document",
+    "DocumentStatus",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "Location",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "RagmeshError",
+    "ReplayResult",
+    "ResourceExhaustedError",
+    "RetryPolicy",
+    "SearchResponse",
+    "SearchResult",
+    "Sentence",
+    "Source",
+    "Submitted",
+    "Timeouts",
+    "UnauthenticatedError",
+    "UnavailableError",
+]

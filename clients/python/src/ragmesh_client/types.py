@@ -1,0 +1,218 @@
+"""Typed results of the ragmesh client: plain frozen dataclasses, never protobuf messages.
+
+Each response keeps the message it came from as ``raw`` (excluded from repr and comparison) for
+callers that need a field this layer does not map yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Degradation:
+    """A stage that did not contribute; the response came from the others."""
+
+    # planner, embedder, index, sparse, reranker, hyde, extractor, narrator.
+    stage: str
+    # unavailable, deadline, breaker_open, error, invalid_output.
+    reason: str
+    message: str
+    # Retrieval legs that lost input because of it: dense, bm25, exact.
+    legs: tuple[str, ...] = ()
+    # What served instead ("index_payload"), or "" for nothing.
+    fallback: str = ""
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a chunk lies in its document."""
+
+    heading_path: tuple[str, ...] = ()
+    ordinal: int = 0
+    char_start: int = 0
+    char_end: int = 0
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    chunk_id: str
+    doc_id: str
+    # The rank-deciding score: the cross-encoder's log-odds when reranked, else the fused score.
+    score: float
+    text: str
+    title: str
+    source_uri: str
+    metadata: dict[str, str]
+    location: Location
+    fused_score: float
+    fused_rank: int
+    rerank_score: float | None = None
+    # 1-based rank of the result in each retrieval leg that returned it.
+    leg_ranks: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SearchResponse:
+    results: tuple[SearchResult, ...]
+    degradations: tuple[Degradation, ...]
+    # The results are in the cross-encoder's judgement (false: fused order).
+    reranked: bool
+    # The query the legs searched (a follow-up's standalone rewrite, or the query).
+    searched_query: str
+    unknown_terms: tuple[str, ...]
+    # Milliseconds per stage (planner, embed, dense, bm25, ..., total).
+    timings: dict[str, float]
+    request_id: str = ""
+    raw: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Citation:
+    """A source an answer cites as [number]."""
+
+    number: int
+    doc_id: str
+    chunk_id: str
+    title: str
+    snippet: str
+    source_uri: str
+    metadata: dict[str, str]
+    location: Location
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """A sentence of the verified answer with the sources it cites and how well they support it."""
+
+    text: str
+    # Citation numbers.
+    sources: tuple[int, ...]
+    # lexical, quoted or cross_encoder: the strongest check it passed.
+    support_check: str
+    # On that check's scale; None for quoted sentences.
+    support_score: float | None
+
+
+@dataclass(frozen=True)
+class Source:
+    """A passage read while answering, best first."""
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    preview: str
+    cited: bool
+    rerank_score: float | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    # The verified answer, with its [n] citation markers.
+    text: str
+    # False when the documents do not answer the question (the text says so).
+    answered: bool
+    citations: tuple[Citation, ...]
+    sentences: tuple[Sentence, ...]
+    sources: tuple[Source, ...]
+    degradations: tuple[Degradation, ...]
+    # llm or extractive: the mode actually used.
+    mode: str
+    searched_query: str
+    # Sources that disagree: (description, citation numbers).
+    contradictions: tuple[tuple[str, tuple[int, ...]], ...]
+    timings: dict[str, float]
+    request_id: str = ""
+    raw: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class AskProgress:
+    """A stage of the answer finished (plan, search, extract)."""
+
+    stage: str
+    ms: float
+    count: int
+
+
+@dataclass(frozen=True)
+class AskDelta:
+    """Answer text as it is written (unverified: the final Answer is what was verified)."""
+
+    text: str
+
+
+# One event of ask_stream: progress, text, and last the verified answer.
+AskEvent = AskProgress | AskDelta | Answer
+
+
+@dataclass(frozen=True)
+class Document:
+    """A document to ingest. ``format``: markdown, text, html or pdf (``""``: from the file name
+    for ingest_files, else text)."""
+
+    doc_id: str
+    content: bytes | str
+    title: str = ""
+    format: str = ""
+    source_uri: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    doc_id: str
+    # queued, or unchanged (the same bytes are already indexed).
+    outcome: str
+    content_sha256: str
+
+
+@dataclass(frozen=True)
+class DocumentStatus:
+    collection: str
+    doc_id: str
+    # queued, processing, indexed, failed, deleting, deleted.
+    state: str
+    reason: str
+    attempts: int
+    chunks: int
+    content_sha256: str
+    updated_at: datetime | None
+
+
+@dataclass(frozen=True)
+class CollectionStatus:
+    collection: str
+    queued: int
+    processing: int
+    indexed: int
+    failed: int
+    deleting: int
+    chunks: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    sequence: int
+    collection: str
+    doc_id: str
+    reason: str
+    attempts: int
+    failed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DeadLetterPage:
+    dead_letters: tuple[DeadLetter, ...]
+    # Pass as after_sequence for the next page; 0 when there are no more.
+    next_after_sequence: int
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    replayed: int
+    superseded: int
+    # Continue from here; 0 when this batch reached the end.
+    next_after_sequence: int
