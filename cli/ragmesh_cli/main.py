@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-from ragmesh_cli import answer_eval, ask, certs, evaluation, keys, loadtest, search
+from ragmesh_cli import answer_eval, ask, certs, evaluation, keys, loadtest, reindex, search
 from ragmesh_cli.channels import open_channel, use_api_key, use_state_dir
 from ragmesh_cli.documents import InputError
 from ragmesh_cli.stack import (
@@ -462,6 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_build_arguments(build_reranker)
     build_reranker.set_defaults(func=cmd_build_reranker)
+
+    reindex.add_parser(sub, common)
 
     config = sub.add_parser("config", parents=[common], help="every RAGMESH_* setting with its default")
     config.add_argument("--json", action="store_true")

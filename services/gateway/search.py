@@ -36,6 +36,7 @@ from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from ragmesh.reranker.v1 import reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.gateway import metrics
+from services.gateway.collections import check_query_embedder
 from services.gateway.fusion import Fused, Hit, collapse_documents, combine_variations, merge_by_score, rrf
 from services.gateway.planning import LocalPlanner, local_planner
 from services.gateway.rerank import RERANKER, candidate_count, rerank
@@ -421,6 +422,7 @@ class Fanout:
         embedder = self.backends.embedder
         request = embedder_pb2.EmbedRequest(texts=texts, kind=embedder_pb2.TEXT_KIND_QUERY)
         reply = await embedder.call(embedder.stub.Embed, request, timeout=self._left(), idempotent=True)
+        check_query_embedder(self.params, reply.model, reply.model_sha256, reply.vectors)
         if len(reply.vectors) != len(texts):
             raise DownstreamError(
                 embedder.target,
@@ -506,6 +508,7 @@ class Fanout:
         embedder = self.backends.embedder
         request = embedder_pb2.EmbedRequest(texts=[text], kind=embedder_pb2.TEXT_KIND_QUERY)
         reply = await embedder.call(embedder.stub.Embed, request, timeout=self._left(), idempotent=True)
+        check_query_embedder(self.params, reply.model, reply.model_sha256, reply.vectors)
         answers = await asyncio.gather(
             *(self._search_shard(shard, list(reply.vectors)) for shard in self.backends.shards),
             return_exceptions=True,

@@ -33,8 +33,14 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, StreamConfig
 
+from meshkit.collections import (
+    COLLECTIONS_BUCKET,
+    CollectionRegistry,
+    EmbedderIdentity,
+    open_collections_bucket,
+)
 from meshkit.settings import IngestionSettings
-from services.ingestion.lifecycle import open_buckets
+from services.ingestion.lifecycle import STATUS_BUCKET, open_buckets
 from services.ingestion.topology import ensure_topology
 
 from .pki import TestCA
@@ -42,7 +48,7 @@ from .pki import TestCA
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "deploy/k8s/base/nats.conf"
 NATS_SERVER = shutil.which("nats-server", path=str(ROOT / ".venv/bin")) or shutil.which("nats-server")
-USERS = ("ingestion", "ingestion-worker", "index", "sparse", "bootstrap")
+USERS = ("ingestion", "ingestion-worker", "index", "sparse", "bootstrap", "gateway")
 PASSWORDS = {u: f"pw-{u}-{os.getpid()}" for u in USERS}
 SERVERS = 3
 
@@ -374,6 +380,29 @@ async def test_ingestion_api_and_worker_do_their_jobs(as_user: Callable[[str], A
         api.quick.delete_consumer(settings.ingest_stream, settings.ingest_consumer),
         "CONSUMER.DELETE.RAGMESH_INGEST",
     )
+
+
+async def test_collection_records_are_written_by_ingestion_and_only_read_by_the_gateway(
+    as_user: Callable[[str], Awaitable[Client]],
+) -> None:
+    boot = await as_user("bootstrap")
+    await open_collections_bucket(boot.js, replicas=SERVERS)
+    await placed_on_every_server(boot.js, f"KV_{COLLECTIONS_BUCKET}")
+    worker = await as_user("ingestion-worker")
+    identity = EmbedderIdentity("all-MiniLM-L6-v2-int8", 384, "8199be6f")
+    # The worker's first write records the embedder; the API reads it (both: the real code).
+    await CollectionRegistry(await open_collections_bucket(worker.js)).admit("docs", identity)
+    api = await as_user("ingestion")
+    record, _ = await CollectionRegistry(await open_collections_bucket(api.js)).get("docs")
+    assert record is not None and record.embedder == identity
+    # The gateway reads it the way it does in production, and can change nothing.
+    gateway = await as_user("gateway")
+    kv = await gateway.js.key_value(COLLECTIONS_BUCKET)
+    assert (await CollectionRegistry(kv).get("docs"))[0] == record
+    assert await gateway.refused(
+        gateway.quick.publish("$KV.ragmesh_collections.docs", b"{}", timeout=2), "$KV."
+    )
+    assert await gateway.refused(gateway.quick.key_value(STATUS_BUCKET), "KV_ragmesh_doc_status")
 
 
 async def test_store_users_keep_to_their_own_log(as_user: Callable[[str], Awaitable[Client]]) -> None:
