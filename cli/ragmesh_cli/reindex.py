@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 import grpc
 
+from meshkit.collections import physical_name
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli.channels import open_channel
 from ragmesh_cli.loadtest import resolve_component_address
@@ -103,9 +104,11 @@ async def reindex(
             if reply.phase == ingestion_pb2.REINDEX_PHASE_DONE:
                 return 0
             if reply.failed and not reply.pending:
+                generation = physical_name(reply.collection, reply.other_generation)
                 print(
-                    f"{reply.failed} documents failed in the new generation: see `ragmesh dlq list`, "
-                    "replay them once the cause is fixed; the switch waits for them",
+                    f"{reply.failed} documents failed in the new generation: see `ragmesh dlq list "
+                    f"--collection {generation}`, replay them once the cause is fixed; the switch waits "
+                    "for them",
                     file=out,
                     flush=True,
                 )
