@@ -195,7 +195,12 @@ class Reindexer:
     async def step(self, collection: str, start: bool) -> Progress:
         record, _ = await self.registry.get(collection)
         if record is None:
-            raise not_found(f"collection {collection!r} has no indexed documents to reindex")
+            if not self.view.statuses(collection):
+                raise not_found(f"collection {collection!r} has no documents to reindex")
+            # Indexed before collections had records: its generation 1 is what it holds.
+            record = await self.registry.update(
+                collection, lambda current: current or CollectionRecord(collection)
+            )
         if record.retired_generation:
             return await self._retire(record)
         if not record.pending_generation:

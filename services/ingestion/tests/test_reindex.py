@@ -40,11 +40,12 @@ async def step(api: Any, collection: str, start: bool = False) -> ingestion_pb2.
 
 
 async def until_done(
-    api: Any, collection: str, timeout: float = 30.0
+    api: Any, collection: str, timeout: float = 30.0, start: bool = False
 ) -> ingestion_pb2.ReindexCollectionResponse:
     deadline = time.monotonic() + timeout
     while True:
-        reply = await step(api, collection)
+        reply = await step(api, collection, start)
+        start = False
         if reply.phase == DONE:
             return reply
         assert time.monotonic() < deadline, reply
@@ -151,3 +152,16 @@ def test_plan_copies_what_the_new_generation_lacks_and_deletes_what_the_old_one_
     assert [s.doc_id for s in plan.copies] == ["b"]
     assert plan.deletes == ["gone"]
     assert (plan.documents, plan.indexed, plan.pending, plan.failed) == (2, 1, 2, 0)
+
+
+async def test_a_collection_indexed_before_records_existed_can_be_reindexed(harness: Harness) -> None:
+    api = await harness.start_api(reindex_retire_delay_s=0.0)
+    await harness.start_worker()
+    await harness.submit_many("c", list(DOCS.items()))
+    await indexed(harness, "c", list(DOCS))
+    kv = await (await harness.connect()).jetstream().key_value(COLLECTIONS_BUCKET)
+    await kv.purge("c")  # as an older version left it: documents, no record
+    await until_done(api, "c", start=True)
+    record = await record_of(harness, "c")
+    assert record.generation == 2 and record.embedder == EmbedderIdentity("fake-embedder", 4, "a" * 64)
+    assert all(harness.stores.index.chunks("c__g2", name) for name in DOCS)
