@@ -244,6 +244,7 @@ async def test_reindex_moves_to_the_new_embedder_while_searches_answer(
         loop.stop()
         await searching
     lines = out.getvalue().splitlines()
+    print("\n".join(["", *lines, f"{len(loop.answers)} searches answered during the reindex"]))
     assert code == 0, lines
     assert any(": building generation 2" in line for line in lines), lines
     assert "done: generation 2" in lines[-1], lines
