@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-from ragmesh_cli import answer_eval, ask, certs, evaluation, keys, loadtest, mcp_server, search
+from ragmesh_cli import answer_eval, ask, certs, evaluation, keys, loadtest, mcp_server, reindex, search
 from ragmesh_cli.addresses import resolve_address
 from ragmesh_cli.channels import open_channel, use_api_key, use_state_dir
 from ragmesh_cli.config import cmd_config
@@ -34,19 +34,14 @@ from ragmesh_cli.stack import (
     read_state,
     stack_is_running,
 )
+from ragmesh_cli.state import DEFAULT_STATE_DIR, state_dir_of
 from ragmesh_cli.tables import format_table, shorten
 from ragmesh_client import RagmeshError
 
-DEFAULT_STATE_DIR = ".ragmesh"
 RPC_TIMEOUT_S = 60.0
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def state_dir_of(args: argparse.Namespace) -> Path:
-    given = getattr(args, "state_dir", None) or os.environ.get("RAGMESH_STATE_DIR") or DEFAULT_STATE_DIR
-    return Path(given).absolute()
 
 
 def process_table(statuses: Sequence[ProcessStatus]) -> str:
@@ -402,6 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_build_arguments(build_reranker)
     build_reranker.set_defaults(func=cmd_build_reranker)
+
+    reindex.add_parser(sub, common)
 
     config = sub.add_parser("config", parents=[common], help="every RAGMESH_* setting with its default")
     config.add_argument("--json", action="store_true")

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshkit.identity import INDEX, INGESTION, INGESTION_WORKER, OPS, SPARSE
+from meshkit.collections import COLLECTIONS_BUCKET
+from meshkit.identity import GATEWAY, INDEX, INGESTION, INGESTION_WORKER, OPS, SPARSE
 from meshkit.natsconn import inbox_prefix
 from ragmesh_cli import procutil
 
 SYNC_INTERVAL = "always"
 INGEST_STREAM = "RAGMESH_INGEST"
 DLQ_STREAM = "RAGMESH_INGEST_DLQ"
-KV_BUCKETS = ("ragmesh_doc_status", "ragmesh_doc_records")
+KV_BUCKETS = ("ragmesh_doc_status", "ragmesh_doc_records", COLLECTIONS_BUCKET)
 INDEX_LOG_STREAM = "RAGMESH_LOG_INDEX"
 SPARSE_LOG_STREAM = "RAGMESH_LOG_SPARSE"
 # Every JetStream client may ask for its account's limits and look up a stream by subject.
@@ -82,6 +83,15 @@ USER_GRANTS: dict[str, Grant] = {
     INGESTION_WORKER: Grant(
         streams=(INGEST_STREAM, DLQ_STREAM, *_KV_STREAMS),
         publish=("ragmesh.ingest.>", "ragmesh.dlq.>", *_KV_SUBJECTS),
+    ),
+    # The gateway reads collection records (embedder, generation) and nothing else: no stream
+    # API that changes or deletes, no KV publish (meshkit.collections).
+    GATEWAY: Grant(
+        publish=(
+            f"$JS.API.STREAM.INFO.KV_{COLLECTIONS_BUCKET}",
+            f"$JS.API.STREAM.MSG.GET.KV_{COLLECTIONS_BUCKET}",
+            f"$JS.API.DIRECT.GET.KV_{COLLECTIONS_BUCKET}.>",
+        )
     ),
     # A store appends to its log and wakes its replicas on its tick subject (meshkit.replog).
     INDEX: Grant(

@@ -3,7 +3,9 @@ ragmesh_cli.stack): every command that finds the stack through it reads it here.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +35,12 @@ def stack_is_running(state: dict[str, Any] | None) -> bool:
     """Whether any process recorded in a stack.json document still runs."""
     comps = (state or {}).get("components", [])
     return any(procutil.pid_alive(c.get("pid"), c.get("start_time")) for c in comps)
+
+
+DEFAULT_STATE_DIR = ".ragmesh"
+
+
+def state_dir_of(args: argparse.Namespace) -> Path:
+    """The stack state directory a command works on: --state-dir, $RAGMESH_STATE_DIR, or ./.ragmesh."""
+    given = getattr(args, "state_dir", None) or os.environ.get("RAGMESH_STATE_DIR") or DEFAULT_STATE_DIR
+    return Path(given).absolute()

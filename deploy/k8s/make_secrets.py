@@ -61,7 +61,7 @@ SERVER_NAMES: dict[str, tuple[str, ...]] = {
 }
 # The PKI's file name of a server, where `ragmesh certs new` names it otherwise (meshkit.pki).
 PKI_FILE = {"minio": "s3"}
-NATS_USERS = ("ingestion", "ingestion-worker", "index", "sparse", "bootstrap")
+NATS_USERS = ("ingestion", "ingestion-worker", "index", "sparse", "bootstrap", "gateway")
 S3_USERS = ("ingestion", "ingestion-worker", "index", "sparse", "reranker", "llm", "bootstrap")
 TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
 

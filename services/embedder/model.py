@@ -55,19 +55,21 @@ class ModelInfo:
     query_prefix: str
     passage_prefix: str
     provider: str
+    # sha256 of the model file actually loaded (pinned or not): part of the identity a
+    # collection records (meshkit.collections), so an unpinned swap is still noticed.
+    sha256: str = ""
 
 
-def verify_file(path: Path, expected_sha256: str, what: str) -> None:
-    """Refuse a file whose content is not the pinned one ('' skips the check)."""
+def verify_file(path: Path, expected_sha256: str, what: str) -> str:
+    """The file's sha256; refuses a file whose content is not the pinned one ('' pins nothing)."""
     if not path.is_file():
         raise ModelLoadError(f"{what} file not found: {path}")
-    if not expected_sha256:
-        return
     actual = sha256_file(path)
-    if actual != expected_sha256.lower():
+    if expected_sha256 and actual != expected_sha256.lower():
         raise ModelLoadError(
             f"{what} file {path} failed its integrity check: expected sha256 {expected_sha256}, got {actual}"
         )
+    return actual
 
 
 class EmbeddingModel:
@@ -78,6 +80,7 @@ class EmbeddingModel:
         settings: EmbedderSettings,
         session: ort.InferenceSession,
         tokenizer: Tokenizer,
+        model_sha256: str = "",
     ) -> None:
         self._settings = settings
         self._session = session
@@ -95,6 +98,7 @@ class EmbeddingModel:
             query_prefix=settings.embedder_query_prefix,
             passage_prefix=settings.embedder_passage_prefix,
             provider=session.get_providers()[0],
+            sha256=model_sha256,
         )
 
     @classmethod
@@ -102,11 +106,11 @@ class EmbeddingModel:
         started = time.perf_counter()
         model_path = Path(settings.embedder_model_path)
         tokenizer_path = Path(settings.embedder_tokenizer_path)
-        verify_file(model_path, settings.embedder_model_sha256, "model")
+        model_sha256 = verify_file(model_path, settings.embedder_model_sha256, "model")
         verify_file(tokenizer_path, settings.embedder_tokenizer_sha256, "tokenizer")
         tokenizer = _load_tokenizer(tokenizer_path, settings.embedder_max_tokens)
         session = _load_session(model_path, settings)
-        model = cls(settings, session, tokenizer)
+        model = cls(settings, session, tokenizer, model_sha256)
         model._check_dimension()
         if settings.embedder_provider == "cuda" and model.info.provider != CUDA_PROVIDER:
             raise ModelLoadError(f"CUDA was requested but ONNX Runtime fell back to {model.info.provider}")

@@ -110,6 +110,7 @@ class EmbedderServicer(embedder_pb2_grpc.EmbedderServiceServicer):
             vectors=[common_pb2.Vector(values=row) for row in vectors.tolist()],
             model=self.model.info.name,
             truncated=truncated,
+            model_sha256=self.model.info.sha256,
         )
 
     async def GetModelInfo(
@@ -124,6 +125,7 @@ class EmbedderServicer(embedder_pb2_grpc.EmbedderServiceServicer):
             passage_prefix=info.passage_prefix,
             provider=info.provider,
             max_batch=self._settings.embedder_max_request_texts,
+            model_sha256=info.sha256,
         )
 
 

@@ -21,6 +21,7 @@ from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from services.gateway.backends import Backends
+from services.gateway.collections import check_query_embedder
 from services.gateway.degradations import DEADLINE, EMBEDDER, ERROR, INDEX, SPARSE, Degradations
 from services.gateway.fusion import Hit, combine_variations, merge_by_score
 from services.gateway.hydration import chunk_text
@@ -254,6 +255,7 @@ class Fanout:
         embedder = self.backends.embedder
         request = embedder_pb2.EmbedRequest(texts=texts, kind=embedder_pb2.TEXT_KIND_QUERY)
         reply = await embedder.call(embedder.stub.Embed, request, timeout=self._left(), idempotent=True)
+        check_query_embedder(self.params, reply.model, reply.model_sha256, reply.vectors)
         if len(reply.vectors) != len(texts):
             raise DownstreamError(
                 embedder.target,
@@ -339,6 +341,7 @@ class Fanout:
         embedder = self.backends.embedder
         request = embedder_pb2.EmbedRequest(texts=[text], kind=embedder_pb2.TEXT_KIND_QUERY)
         reply = await embedder.call(embedder.stub.Embed, request, timeout=self._left(), idempotent=True)
+        check_query_embedder(self.params, reply.model, reply.model_sha256, reply.vectors)
         answers = await asyncio.gather(
             *(self._search_shard(shard, list(reply.vectors)) for shard in self.backends.shards),
             return_exceptions=True,

@@ -26,6 +26,7 @@ from services.gateway.ask import (
     Done,
     Progress,
 )
+from services.gateway.collections import CollectionResolver
 from services.gateway.degradations import (
     BREAKER_OPEN,
     DEADLINE,
@@ -79,24 +80,27 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.settings = settings
         self.searcher: Searcher | None = None
         self.asker: Asker | None = None
+        self.collections = CollectionResolver(settings)
 
     async def start(self) -> None:
         # Channels belong to the serving event loop, so they are made here, not in __init__.
         self.searcher = Searcher.from_settings(self.settings)
         self.asker = Asker.from_settings(self.settings, self.searcher)
+        await self.collections.start()
 
     async def stop(self) -> None:
         if self.searcher is not None:
             await self.searcher.backends.close()
         if self.asker is not None:
             await self.asker.close()
+        await self.collections.close()
 
     async def Search(
         self, request: gateway_pb2.SearchRequest, context: aio.ServicerContext
     ) -> gateway_pb2.SearchResponse:
         if self.searcher is None:
             raise unavailable("the gateway is starting")
-        params = validate_search(request, self.settings)
+        params = await self.collections.resolve(validate_search(request, self.settings))
         started = time.perf_counter()
         try:
             outcome = await self.searcher.search(params)
@@ -132,6 +136,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if self.asker is None:
             raise unavailable("the gateway is starting")
         search, passages, mode = validate_ask(request, self.settings)
+        search = await self.collections.resolve(search)
         params = AskParams(search, passages, mode, list(request.history), request.include_facts)
         started = time.perf_counter()
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from meshkit.collections import CollectionRecord, reserved_name_problem
 from meshkit.errors import invalid_argument, resource_exhausted
 from meshkit.ids import doc_id_problem, validate_collection
 from meshkit.metadata import Clause, InvalidFilter, clauses_from_pb, clauses_to_pb
@@ -47,6 +48,9 @@ class SearchParams:
     metadata_filter: tuple[Clause, ...] = ()
     # Earlier turns of the conversation, oldest first (the planner rewrites a follow-up).
     history: tuple[narrator_pb2.ChatTurn, ...] = ()
+    # The collection's record (meshkit.collections) once resolved: ``collection`` is then the
+    # store collection of its serving generation. None: no record (nothing indexed yet).
+    record: CollectionRecord | None = None
 
     def enabled(self, leg: str) -> bool:
         return self.weights[leg] > 0
@@ -102,6 +106,9 @@ def _metadata_filter(filter_pb: common_pb2.MetadataFilter) -> tuple[Clause, ...]
 
 def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySettings) -> SearchParams:
     collection = validate_collection(request.collection)
+    reserved = reserved_name_problem(collection)
+    if reserved:
+        raise invalid_argument(reserved)
     if not request.query.strip():
         raise invalid_argument("query is empty")
     _bounded(len(request.query), settings.gateway_max_query_chars, "the query length in characters")

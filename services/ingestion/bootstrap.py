@@ -13,6 +13,7 @@ import logging
 
 import nats
 
+from meshkit.collections import open_collections_bucket
 from meshkit.logs import configure_logging
 from meshkit.natsconn import connect_options
 from meshkit.objectstore import ObjectStore
@@ -35,6 +36,7 @@ async def bootstrap(settings: IngestionSettings) -> None:
         js = nc.jetstream()
         await ensure_topology(js, settings)
         await open_buckets(js, settings.nats_stream_replicas)
+        await open_collections_bucket(js, settings.nats_stream_replicas)
     finally:
         await nc.drain()
     log.info("jetstream ready", extra={"stream": settings.ingest_stream, "dlq": settings.ingest_dlq_stream})

@@ -27,6 +27,8 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from meshkit.client import ClientPolicy, Downstream, DownstreamError
+from meshkit.collections import CollectionRegistry, EmbedderIdentity, RecordConflict
+from meshkit.errors import ServiceError
 from meshkit.ids import chunk_id_for, sha256_hex, shard_of
 from meshkit.objectstore import UNAVAILABLE_ERRORS, ObjectNotFound, ObjectStore
 from meshkit.settings import IngestionSettings
@@ -220,8 +222,11 @@ class IngestPipeline:
         lifecycle: Lifecycle,
         stores: Stores,
         chunker: Chunker,
+        collections: CollectionRegistry | None = None,
     ) -> None:
         self.settings = settings
+        # None: no embedder check (unit tests of other stages).
+        self.collections = collections
         self.objects = objects
         self.lifecycle = lifecycle
         self.stores = stores
@@ -354,7 +359,13 @@ class IngestPipeline:
             return
         started = time.perf_counter()
         size = self.settings.ingest_embed_batch
-        batches = [pending[i : i + size] for i in range(0, len(pending), size)]
+        # One collection per batch: an embedder refused by one collection fails only its jobs.
+        by_collection: dict[str, list[tuple[Job, PreparedChunk]]] = defaultdict(list)
+        for job, chunk in pending:
+            by_collection[job.event.collection].append((job, chunk))
+        batches = [
+            items[i : i + size] for items in by_collection.values() for i in range(0, len(items), size)
+        ]
         results = await asyncio.gather(*(self._embed_batch(b) for b in batches), return_exceptions=True)
         for batch, result in zip(batches, results, strict=True):
             if isinstance(result, BaseException):
@@ -373,9 +384,26 @@ class IngestPipeline:
             )
         if len(reply.vectors) != len(batch):
             raise JobFailure("embedder returned a wrong number of vectors", permanent=False)
+        identity = EmbedderIdentity.of_reply(reply.model, reply.model_sha256, reply.vectors)
+        if identity is not None:
+            for collection in dict.fromkeys(job.event.collection for job, _chunk in batch):
+                await self._admit(collection, identity)
         for (_job, chunk), vector in zip(batch, reply.vectors, strict=True):
             chunk.vector = list(vector.values)
         CHUNKS_EMBEDDED.inc(len(batch))
+
+    async def _admit(self, collection: str, identity: EmbedderIdentity) -> None:
+        """Vectors of one model only per collection generation (meshkit.collections): the
+        first write records the embedder, another embedder's vectors are refused for good
+        (dead-lettered with the reason; replayable once the right embedder serves again)."""
+        if self.collections is None:
+            return
+        try:
+            await self.collections.admit(collection, identity)
+        except ServiceError as exc:
+            raise JobFailure(f"FAILED_PRECONDITION: {exc.message}", permanent=True) from exc
+        except RecordConflict as exc:
+            raise JobFailure("collection record contended", permanent=False, transient=True) from exc
 
     # --- write: one atomic, fenced replacement per document, per store ----------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -22,6 +22,7 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter
 
 from meshkit.auth import READ, WRITE, Rule, readable
+from meshkit.collections import CollectionRegistry, open_collections_bucket, split_physical
 from meshkit.errors import ServiceError, invalid_argument, not_found, resource_exhausted, unavailable
 from meshkit.ids import doc_id_problem, doc_key, sha256_hex, validate_collection, validate_doc_id
 from meshkit.logs import current_request_id
@@ -50,6 +51,7 @@ from services.ingestion.lifecycle import (
     unneeded,
 )
 from services.ingestion.normalize import detect_format, document_problem
+from services.ingestion.reindex import Reindexer, generations, to_response
 from services.ingestion.status_view import StatusView
 from services.ingestion.topology import ensure_topology, publish_event
 
@@ -80,6 +82,7 @@ ACCESS = {
     "ListCollections": Rule(READ),
     "ListDeadLetters": Rule(READ, _collection, all_when_empty=True),
     "ReplayDeadLetters": Rule(WRITE, _collection, all_when_empty=True),
+    "ReindexCollection": Rule(WRITE, _collection),
 }
 
 STATE_TO_PROTO = {
@@ -133,6 +136,8 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         self.objects = ObjectStore.from_settings(settings)
         self._submit_slots = asyncio.Semaphore(SUBMIT_CONCURRENCY)
         self._pending_drops: set[asyncio.Task[None]] = set()
+        self.collections: CollectionRegistry | None = None
+        self.reindexer: Reindexer | None = None
 
     async def start(self) -> None:
         self.nc = await nats.connect(
@@ -147,20 +152,51 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         self.dead_letters = DeadLetters(self.js, self.settings)
         await self.objects.ensure_bucket(self.settings.documents_bucket)
         await self.view.start(self.lifecycle.status_kv)
+        bucket = await open_collections_bucket(self.js, self.settings.nats_stream_replicas)
+        self.collections = CollectionRegistry(bucket)
+        self.reindexer = Reindexer(self.settings, self.collections, self.view, self.objects, self._request)
 
     async def stop(self) -> None:
         await self.view.stop()
         if self.nc:
             await self.nc.drain()
 
+    # --- collections and their generations (meshkit.collections) ----------------------------
+
+    async def _generations(self, name: str) -> list[str]:
+        """The store collections a request for collection ``name`` goes to (serving first)."""
+        assert self.collections is not None
+        try:
+            return await generations(self.collections, name)
+        except ServiceError:
+            raise
+        except Exception as exc:
+            raise unavailable_error("read the collection record", exc, collection=name) from exc
+
+    async def ReindexCollection(
+        self, request: ingestion_pb2.ReindexCollectionRequest, context: grpc.aio.ServicerContext
+    ) -> ingestion_pb2.ReindexCollectionResponse:
+        assert self.reindexer is not None
+        collection = (await self._generations(request.collection))[0]
+        logical = split_physical(collection)[0]
+        try:
+            progress = await self.reindexer.step(logical, request.start)
+        except ServiceError:
+            raise
+        except Exception as exc:
+            raise unavailable_error("advance the reindex", exc, collection=logical) from exc
+        return to_response(progress)
+
     # --- IngestDocuments --------------------------------------------------------------------
 
     async def IngestDocuments(
         self, request: ingestion_pb2.IngestDocumentsRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.IngestDocumentsResponse:
-        collection = validate_collection(request.collection)
+        serving, *building = await self._generations(request.collection)
         submissions = self._validate_documents(request)
-        results = await asyncio.gather(*(self._submit(collection, s) for s in submissions))
+        results = await asyncio.gather(*(self._submit(serving, s) for s in submissions))
+        for collection in building:
+            await asyncio.gather(*(self._submit(collection, s) for s in submissions))
         return ingestion_pb2.IngestDocumentsResponse(results=results)
 
     def _validate_documents(self, request: ingestion_pb2.IngestDocumentsRequest) -> list[Submission]:
@@ -323,7 +359,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     async def DeleteDocuments(
         self, request: ingestion_pb2.DeleteDocumentsRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.DeleteDocumentsResponse:
-        collection = validate_collection(request.collection)
+        collection, *building = await self._generations(request.collection)
         if not request.doc_ids:
             raise invalid_argument("no doc_ids in the request")
         if len(request.doc_ids) > self.settings.ingest_max_documents_per_request:
@@ -334,7 +370,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         statuses = await self._statuses(collection, ids, "delete documents")
         unknown = [i for i, s in zip(ids, statuses, strict=True) if s is None or s.state == DELETED]
         if unknown:
-            raise not_found(f"no such documents in {collection!r}: {', '.join(unknown[:20])}")
+            raise not_found(f"no such documents in {request.collection!r}: {', '.join(unknown[:20])}")
         for doc_id in ids:
             event = IngestEvent(
                 op="delete",
@@ -344,6 +380,8 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
                 request_id=new_request_id(),
             )
             await self._request(event)
+            for other in building:
+                await self._request(replace(event, collection=other, request_id=new_request_id()))
         return ingestion_pb2.DeleteDocumentsResponse(queued=len(ids))
 
     # --- status -----------------------------------------------------------------------------
@@ -360,7 +398,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     async def GetDocumentStatus(
         self, request: ingestion_pb2.GetDocumentStatusRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.GetDocumentStatusResponse:
-        collection = validate_collection(request.collection)
+        collection = (await self._generations(request.collection))[0]
         if not request.doc_ids:
             raise invalid_argument("no doc_ids in the request")
         if len(request.doc_ids) > MAX_STATUS_IDS:
@@ -369,7 +407,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         statuses = await self._statuses(collection, ids, "read document status")
         unknown = [i for i, s in zip(ids, statuses, strict=True) if s is None]
         if unknown:
-            raise not_found(f"no such documents in {collection!r}: {', '.join(unknown[:20])}")
+            raise not_found(f"no such documents in {request.collection!r}: {', '.join(unknown[:20])}")
         return ingestion_pb2.GetDocumentStatusResponse(
             documents=[self._status_message(s) for s in statuses if s is not None]
         )
@@ -377,7 +415,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     @staticmethod
     def _status_message(status: DocStatus) -> ingestion_pb2.DocumentStatus:
         return ingestion_pb2.DocumentStatus(
-            collection=status.collection,
+            collection=split_physical(status.collection)[0],
             doc_id=status.doc_id,
             state=STATE_TO_PROTO.get(status.state, ingestion_pb2.DOCUMENT_STATE_UNSPECIFIED),
             reason=status.reason,
@@ -390,13 +428,13 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     async def GetCollectionStatus(
         self, request: ingestion_pb2.GetCollectionStatusRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.GetCollectionStatusResponse:
-        collection = validate_collection(request.collection)
+        collection = (await self._generations(request.collection))[0]
         counts = self.view.counts(collection)
         if counts is None:
-            raise not_found(f"collection {collection!r} has no documents")
+            raise not_found(f"collection {request.collection!r} has no documents")
         states = counts.by_state
         return ingestion_pb2.GetCollectionStatusResponse(
-            collection=collection,
+            collection=request.collection,
             queued=states[QUEUED],
             processing=states[PROCESSING],
             indexed=states[INDEXED],
@@ -408,7 +446,9 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     async def ListCollections(
         self, request: ingestion_pb2.ListCollectionsRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.ListCollectionsResponse:
-        return ingestion_pb2.ListCollectionsResponse(collections=readable(self.view.collections()))
+        # A collection is listed once, whichever generations of it hold documents.
+        names = sorted({split_physical(name)[0] for name in self.view.collections()})
+        return ingestion_pb2.ListCollectionsResponse(collections=readable(names))
 
     # --- dead letters -----------------------------------------------------------------------
 

@@ -51,6 +51,10 @@ class StatusView:
         chunks = sum(status.chunks for _rev, status in docs.values() if status.state == INDEXED)
         return CollectionCounts({state: states.get(state, 0) for state in STATES}, chunks)
 
+    def statuses(self, collection: str) -> list[DocStatus]:
+        """Every document status of ``collection`` as last seen."""
+        return [status for _rev, status in self._docs.get(collection, {}).values()]
+
     def collections(self) -> list[str]:
         return sorted(name for name, docs in self._docs.items() if docs)
 

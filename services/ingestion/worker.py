@@ -31,6 +31,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from prometheus_client import Counter, Gauge
 
+from meshkit.collections import CollectionRegistry, open_collections_bucket
 from meshkit.logs import new_request_id, request_id_var
 from meshkit.natsconn import connect_options
 from meshkit.objectstore import ObjectStore
@@ -103,7 +104,11 @@ class IngestWorker:
         self.objects = ObjectStore.from_settings(settings)
         await self.objects.ensure_bucket(settings.documents_bucket)
         chunker = Chunker.from_settings(settings)
-        self.pipeline = IngestPipeline(settings, self.objects, self.lifecycle, self.stores, chunker)
+        bucket = await open_collections_bucket(self.js, settings.nats_stream_replicas)
+        collections = CollectionRegistry(bucket)
+        self.pipeline = IngestPipeline(
+            settings, self.objects, self.lifecycle, self.stores, chunker, collections
+        )
         self.reconciler = Reconciler(self.js, self.lifecycle, settings)
         self._background = [asyncio.create_task(self.reconciler.run(self._stopping))]
         loops = max(1, settings.ingest_max_in_flight // max(1, settings.ingest_fetch_batch))

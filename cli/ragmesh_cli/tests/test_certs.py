@@ -120,7 +120,8 @@ def test_each_process_environment_carries_only_its_own_credentials(tmp_path: Pat
     gateway: dict[str, str] = {}
     material.apply_env(gateway, GATEWAY, None)
     assert gateway["RAGMESH_API_KEYS_FILE"] == str(material.keys_file)
-    assert "RAGMESH_NATS_USER" not in gateway and "RAGMESH_S3_ACCESS_KEY" not in gateway
+    # The gateway reads collection records in NATS (its own user, read-only), never S3.
+    assert gateway["RAGMESH_NATS_USER"] == GATEWAY and "RAGMESH_S3_ACCESS_KEY" not in gateway
     nats_server = dict(worker)
     material.strip_env(nats_server)
     secrets_ = ("RAGMESH_NATS_PASSWORD", "RAGMESH_S3_SECRET_KEY", "RAGMESH_TLS_KEY_FILE", "RAGMESH_API_KEY")
@@ -153,6 +154,10 @@ def test_nats_users_get_only_their_subjects(tmp_path: Path) -> None:
     assert worker["subscribe"]["allow"][0] == "_INBOX_ingestion-worker.>"
     assert ">" not in allowed and "_INBOX.>" not in worker["subscribe"]["allow"]
     assert permissions(OPS, USER_GRANTS[OPS])["publish"]["allow"] == [">"]
+    # The gateway reads the collection records and can write nothing (no $KV publish at all).
+    gateway = permissions(GATEWAY, USER_GRANTS[GATEWAY])["publish"]["allow"]
+    assert "$JS.API.DIRECT.GET.KV_ragmesh_collections.>" in gateway
+    assert not any(s.startswith(("$KV.", "ragmesh.")) or "DELETE" in s or "doc_status" in s for s in gateway)
     # The plain stack's file: no users, no TLS, the same durability.
     plain = nats_config(4222, 8222, tmp_path)
     assert "authorization" not in plain and "tls" not in plain

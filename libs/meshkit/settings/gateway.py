@@ -191,6 +191,12 @@ class GatewaySettings(MeshSettings):
     gateway_max_history_chars: int = Field(
         32_000, ge=0, description="Longest chat history in an Ask, all turns together."
     )
+    gateway_collection_cache_s: float = Field(
+        2.0,
+        gt=0,
+        description="Seconds a collection record (its embedder and serving generation, read from NATS KV) "
+        "is reused before it is read again: a reindex switch reaches every gateway within this.",
+    )
     gateway_max_request_bytes: int = Field(
         4 * 1024 * 1024,
         ge=1024,

@@ -53,6 +53,20 @@ class IngestionSettings(MeshSettings):
         description="A document waiting (queued, processing, deleting) this long without an event on the "
         "stream gets its current request republished (a crash between the status write and the publish).",
     )
+    reindex_batch_documents: int = Field(
+        256,
+        ge=1,
+        le=10_000,
+        description="Most documents one ReindexCollection call submits to the new generation (or deletes "
+        "from the old one): each call stays short, the CLI calls again.",
+    )
+    reindex_retire_delay_s: float = Field(
+        15.0,
+        ge=0,
+        description="Seconds after a reindex switch before the old generation is deleted: longer than "
+        "the gateways' record cache (gateway_collection_cache_s) plus a search's deadline, so no "
+        "reader is still searching it.",
+    )
     ingest_replay_batch: int = Field(
         256,
         ge=1,

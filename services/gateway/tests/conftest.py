@@ -32,6 +32,7 @@ from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
+from ragmesh_cli import procutil
 from services.gateway.servicer import build_spec
 from services.reranker.selection import select
 
@@ -407,6 +408,9 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         client_retry_backoff_s=0.01,
         breaker_fail_max=5,
         breaker_reset_s=60,
+        # No NATS: the collection records (meshkit.collections) are unread, whatever NATS may
+        # run on this machine's default port; they are tested against real NATS elsewhere.
+        nats_url=f"nats://127.0.0.1:{procutil.free_ports(1)[0]}",
     )
     settings = GatewaySettings(**{**test_settings, **overrides})
     running = await start_service(build_spec(settings), settings)

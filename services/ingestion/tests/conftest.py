@@ -218,6 +218,9 @@ class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
 class FakeEmbedder(embedder_pb2_grpc.EmbedderServiceServicer):
     def __init__(self) -> None:
         self.texts = 0
+        # The identity its replies carry (a test swaps the model under a collection).
+        self.model = "fake-embedder"
+        self.model_sha256 = "a" * 64
         # The next call waits on this (a worker paused while embedding).
         self.pause_next: asyncio.Event | None = None
         self.entered = asyncio.Event()
@@ -229,7 +232,7 @@ class FakeEmbedder(embedder_pb2_grpc.EmbedderServiceServicer):
             await gate.wait()
         self.texts += len(request.texts)
         vectors = [common_pb2.Vector(values=[float(len(t) % 7), 1.0, 0.5, 0.25]) for t in request.texts]
-        return embedder_pb2.EmbedResponse(vectors=vectors)
+        return embedder_pb2.EmbedResponse(vectors=vectors, model=self.model, model_sha256=self.model_sha256)
 
 
 @dataclass

@@ -25,23 +25,23 @@ _sym_db = _symbol_database.Default()
 from ragmesh.common.v1 import common_pb2 as ragmesh_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"ragmesh/embedder/v1/embedder.proto\x12\x13ragmesh.embedder.v1\x1a\x1eragmesh/common/v1/common.proto\"J\n\x0c\x45mbedRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.ragmesh.embedder.v1.TextKind\"]\n\rEmbedResponse\x12*\n\x07vectors\x18\x01 \x03(\x0b\x32\x19.ragmesh.common.v1.Vector\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\ttruncated\x18\x03 \x01(\r\"\x15\n\x13GetModelInfoRequest\"\x9f\x01\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tdimension\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x14\n\x0cquery_prefix\x18\x04 \x01(\t\x12\x16\n\x0epassage_prefix\x18\x05 \x01(\t\x12\x10\n\x08provider\x18\x06 \x01(\t\x12\x11\n\tmax_batch\x18\x07 \x01(\r*Q\n\x08TextKind\x12\x19\n\x15TEXT_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fTEXT_KIND_QUERY\x10\x01\x12\x15\n\x11TEXT_KIND_PASSAGE\x10\x02\x32\xc6\x01\n\x0f\x45mbedderService\x12N\n\x05\x45mbed\x12!.ragmesh.embedder.v1.EmbedRequest\x1a\".ragmesh.embedder.v1.EmbedResponse\x12\x63\n\x0cGetModelInfo\x12(.ragmesh.embedder.v1.GetModelInfoRequest\x1a).ragmesh.embedder.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"ragmesh/embedder/v1/embedder.proto\x12\x13ragmesh.embedder.v1\x1a\x1eragmesh/common/v1/common.proto\"J\n\x0c\x45mbedRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.ragmesh.embedder.v1.TextKind\"s\n\rEmbedResponse\x12*\n\x07vectors\x18\x01 \x03(\x0b\x32\x19.ragmesh.common.v1.Vector\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\ttruncated\x18\x03 \x01(\r\x12\x14\n\x0cmodel_sha256\x18\x04 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\xb5\x01\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tdimension\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x14\n\x0cquery_prefix\x18\x04 \x01(\t\x12\x16\n\x0epassage_prefix\x18\x05 \x01(\t\x12\x10\n\x08provider\x18\x06 \x01(\t\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x14\n\x0cmodel_sha256\x18\x08 \x01(\t*Q\n\x08TextKind\x12\x19\n\x15TEXT_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fTEXT_KIND_QUERY\x10\x01\x12\x15\n\x11TEXT_KIND_PASSAGE\x10\x02\x32\xc6\x01\n\x0f\x45mbedderService\x12N\n\x05\x45mbed\x12!.ragmesh.embedder.v1.EmbedRequest\x1a\".ragmesh.embedder.v1.EmbedResponse\x12\x63\n\x0cGetModelInfo\x12(.ragmesh.embedder.v1.GetModelInfoRequest\x1a).ragmesh.embedder.v1.GetModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragmesh.embedder.v1.embedder_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TEXTKIND']._serialized_start=447
-  _globals['_TEXTKIND']._serialized_end=528
+  _globals['_TEXTKIND']._serialized_start=491
+  _globals['_TEXTKIND']._serialized_end=572
   _globals['_EMBEDREQUEST']._serialized_start=91
   _globals['_EMBEDREQUEST']._serialized_end=165
   _globals['_EMBEDRESPONSE']._serialized_start=167
-  _globals['_EMBEDRESPONSE']._serialized_end=260
-  _globals['_GETMODELINFOREQUEST']._serialized_start=262
-  _globals['_GETMODELINFOREQUEST']._serialized_end=283
-  _globals['_GETMODELINFORESPONSE']._serialized_start=286
-  _globals['_GETMODELINFORESPONSE']._serialized_end=445
-  _globals['_EMBEDDERSERVICE']._serialized_start=531
-  _globals['_EMBEDDERSERVICE']._serialized_end=729
+  _globals['_EMBEDRESPONSE']._serialized_end=282
+  _globals['_GETMODELINFOREQUEST']._serialized_start=284
+  _globals['_GETMODELINFOREQUEST']._serialized_end=305
+  _globals['_GETMODELINFORESPONSE']._serialized_start=308
+  _globals['_GETMODELINFORESPONSE']._serialized_end=489
+  _globals['_EMBEDDERSERVICE']._serialized_start=575
+  _globals['_EMBEDDERSERVICE']._serialized_end=773
 # @@protoc_insertion_point(module_scope)

@@ -26,21 +26,23 @@ class EmbedRequest(_message.Message):
     def __init__(self, texts: _Optional[_Iterable[str]] = ..., kind: _Optional[_Union[TextKind, str]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
-    __slots__ = ("vectors", "model", "truncated")
+    __slots__ = ("vectors", "model", "truncated", "model_sha256")
     VECTORS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
     vectors: _containers.RepeatedCompositeFieldContainer[_common_pb2.Vector]
     model: str
     truncated: int
-    def __init__(self, vectors: _Optional[_Iterable[_Union[_common_pb2.Vector, _Mapping]]] = ..., model: _Optional[str] = ..., truncated: _Optional[int] = ...) -> None: ...
+    model_sha256: str
+    def __init__(self, vectors: _Optional[_Iterable[_Union[_common_pb2.Vector, _Mapping]]] = ..., model: _Optional[str] = ..., truncated: _Optional[int] = ..., model_sha256: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model", "dimension", "max_tokens", "query_prefix", "passage_prefix", "provider", "max_batch")
+    __slots__ = ("model", "dimension", "max_tokens", "query_prefix", "passage_prefix", "provider", "max_batch", "model_sha256")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DIMENSION_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +50,7 @@ class GetModelInfoResponse(_message.Message):
     PASSAGE_PREFIX_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
     model: str
     dimension: int
     max_tokens: int
@@ -55,4 +58,5 @@ class GetModelInfoResponse(_message.Message):
     passage_prefix: str
     provider: str
     max_batch: int
-    def __init__(self, model: _Optional[str] = ..., dimension: _Optional[int] = ..., max_tokens: _Optional[int] = ..., query_prefix: _Optional[str] = ..., passage_prefix: _Optional[str] = ..., provider: _Optional[str] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    model_sha256: str
+    def __init__(self, model: _Optional[str] = ..., dimension: _Optional[int] = ..., max_tokens: _Optional[int] = ..., query_prefix: _Optional[str] = ..., passage_prefix: _Optional[str] = ..., provider: _Optional[str] = ..., max_batch: _Optional[int] = ..., model_sha256: _Optional[str] = ...) -> None: ...

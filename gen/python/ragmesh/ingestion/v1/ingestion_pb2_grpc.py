@@ -73,6 +73,11 @@ class IngestionServiceStub:
                 request_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReplayDeadLettersRequest.SerializeToString,
                 response_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReplayDeadLettersResponse.FromString,
                 _registered_method=True)
+        self.ReindexCollection = channel.unary_unary(
+                '/ragmesh.ingestion.v1.IngestionService/ReindexCollection',
+                request_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionRequest.SerializeToString,
+                response_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionResponse.FromString,
+                _registered_method=True)
 
 
 class IngestionServiceServicer:
@@ -131,6 +136,17 @@ class IngestionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReindexCollection(self, request, context):
+        """Re-embed a collection into a new generation through the ingestion workers and switch its
+        readers to it once complete (ragmesh reindex). Each call advances the reindex by one
+        bounded step and reports its progress; call again until the phase is DONE. Idempotent and
+        resumable: its state lives in the collection record, so any crash leaves the old
+        generation serving and the next call carries on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IngestionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -168,6 +184,11 @@ def add_IngestionServiceServicer_to_server(servicer, server):
                     servicer.ReplayDeadLetters,
                     request_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReplayDeadLettersRequest.FromString,
                     response_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReplayDeadLettersResponse.SerializeToString,
+            ),
+            'ReindexCollection': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReindexCollection,
+                    request_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionRequest.FromString,
+                    response_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -363,6 +384,33 @@ class IngestionService:
             '/ragmesh.ingestion.v1.IngestionService/ReplayDeadLetters',
             ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReplayDeadLettersRequest.SerializeToString,
             ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReplayDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReindexCollection(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragmesh.ingestion.v1.IngestionService/ReindexCollection',
+            ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionRequest.SerializeToString,
+            ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -33,6 +33,13 @@ class DocumentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DOCUMENT_STATE_FAILED: _ClassVar[DocumentState]
     DOCUMENT_STATE_DELETING: _ClassVar[DocumentState]
     DOCUMENT_STATE_DELETED: _ClassVar[DocumentState]
+
+class ReindexPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REINDEX_PHASE_UNSPECIFIED: _ClassVar[ReindexPhase]
+    REINDEX_PHASE_BUILDING: _ClassVar[ReindexPhase]
+    REINDEX_PHASE_RETIRING: _ClassVar[ReindexPhase]
+    REINDEX_PHASE_DONE: _ClassVar[ReindexPhase]
 DOCUMENT_FORMAT_UNSPECIFIED: DocumentFormat
 DOCUMENT_FORMAT_MARKDOWN: DocumentFormat
 DOCUMENT_FORMAT_TEXT: DocumentFormat
@@ -48,6 +55,10 @@ DOCUMENT_STATE_INDEXED: DocumentState
 DOCUMENT_STATE_FAILED: DocumentState
 DOCUMENT_STATE_DELETING: DocumentState
 DOCUMENT_STATE_DELETED: DocumentState
+REINDEX_PHASE_UNSPECIFIED: ReindexPhase
+REINDEX_PHASE_BUILDING: ReindexPhase
+REINDEX_PHASE_RETIRING: ReindexPhase
+REINDEX_PHASE_DONE: ReindexPhase
 
 class Document(_message.Message):
     __slots__ = ("doc_id", "title", "format", "content", "source_uri", "metadata")
@@ -231,3 +242,37 @@ class ReplayDeadLettersResponse(_message.Message):
     superseded: int
     next_after_sequence: int
     def __init__(self, replayed: _Optional[int] = ..., superseded: _Optional[int] = ..., next_after_sequence: _Optional[int] = ...) -> None: ...
+
+class ReindexCollectionRequest(_message.Message):
+    __slots__ = ("collection", "start")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    start: bool
+    def __init__(self, collection: _Optional[str] = ..., start: _Optional[bool] = ...) -> None: ...
+
+class ReindexCollectionResponse(_message.Message):
+    __slots__ = ("collection", "phase", "serving_generation", "other_generation", "documents", "indexed", "pending", "failed", "retiring", "serving_model", "building_model")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SERVING_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OTHER_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    INDEXED_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    RETIRING_FIELD_NUMBER: _ClassVar[int]
+    SERVING_MODEL_FIELD_NUMBER: _ClassVar[int]
+    BUILDING_MODEL_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    phase: ReindexPhase
+    serving_generation: int
+    other_generation: int
+    documents: int
+    indexed: int
+    pending: int
+    failed: int
+    retiring: int
+    serving_model: str
+    building_model: str
+    def __init__(self, collection: _Optional[str] = ..., phase: _Optional[_Union[ReindexPhase, str]] = ..., serving_generation: _Optional[int] = ..., other_generation: _Optional[int] = ..., documents: _Optional[int] = ..., indexed: _Optional[int] = ..., pending: _Optional[int] = ..., failed: _Optional[int] = ..., retiring: _Optional[int] = ..., serving_model: _Optional[str] = ..., building_model: _Optional[str] = ...) -> None: ...
