@@ -75,7 +75,8 @@ def configure_tracing(service: str, settings: MeshSettings) -> bool:
     if not exporters:
         return False
     provider = TracerProvider(
-        resource=Resource.create({"service.name": service}),
+        # The pid tells apart the processes of one service (shards, replicas, pre-fork workers).
+        resource=Resource.create({"service.name": service, "service.instance.id": str(os.getpid())}),
         sampler=ParentBased(TraceIdRatioBased(settings.trace_sample_ratio)),
     )
     for exporter in exporters:
@@ -137,6 +138,7 @@ def span_record(span: ReadableSpan) -> dict[str, Any]:
         "name": span.name,
         "kind": span.kind.name,
         "service": str(span.resource.attributes.get("service.name", "")),
+        "instance": str(span.resource.attributes.get("service.instance.id", "")),
         "start_ns": span.start_time,
         "end_ns": span.end_time,
         "status": span.status.status_code.name,
@@ -179,9 +181,14 @@ class JsonLinesExporter(SpanExporter):
 
 
 def read_spans(path: Path) -> list[dict[str, Any]]:
-    """The spans a JsonLinesExporter wrote (a torn last line, still being written, is skipped)."""
+    """The spans a JsonLinesExporter wrote (none yet: no file; a torn last line, still being
+    written, is skipped)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
     spans = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
             spans.append(json.loads(line))
         except json.JSONDecodeError:
