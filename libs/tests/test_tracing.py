@@ -22,6 +22,7 @@ from meshkit.errors import invalid_argument
 from meshkit.logs import REQUEST_ID_HEADER, current_request_id, request_id_var
 from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
+from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
 
 from .conftest import FakeEmbedder, unique_name
 
@@ -208,3 +209,35 @@ def test_processes_sharing_a_file_never_tear_each_other_lines(tmp_path: Path) ->
     assert len(lines) == 9000
     spans = [json.loads(line) for line in lines]  # every line whole
     assert {s["service"] for s in spans} == {"proc-0", "proc-1", "proc-2"}
+
+
+class Deltas(narrator_pb2_grpc.NarratorServiceServicer):
+    async def NarrateStream(self, request: Any, context: aio.ServicerContext) -> Any:
+        for word in ("one", "two", "three"):
+            yield narrator_pb2.NarrateStreamResponse(delta=word)
+
+
+async def test_a_server_stream_is_one_client_span_read_whole_or_closed_early(
+    trace_file: Path, start_fake: Any
+) -> None:
+    served = await start_fake(
+        name=unique_name("narrator"),
+        extra=lambda server: narrator_pb2_grpc.add_NarratorServiceServicer_to_server(Deltas(), server),
+    )
+    client = Downstream("narrator", served.address, narrator_pb2_grpc.NarratorServiceStub, POLICY)
+    request = narrator_pb2.NarrateStreamRequest(request=narrator_pb2.NarrateRequest(query="q"))
+    whole = [m.delta async for m in client.stream(client.stub.NarrateStream, request)]
+    assert whole == ["one", "two", "three"]
+    stream = client.stream(client.stub.NarrateStream, request)
+    assert (await anext(stream)).delta == "one"
+    await stream.aclose()  # the reader stops after the first delta
+    await client.close()
+
+    spans = spans_of(trace_file)
+    calls = sorted((s for s in spans if s["kind"] == "CLIENT"), key=lambda s: s["start_ns"])
+    assert [s["name"] for s in calls] == ["narrator/NarrateStream"] * 2
+    assert [s["status"] for s in calls] == ["UNSET", "UNSET"]
+    assert "ragmesh.closed_early" not in calls[0]["attributes"]
+    assert calls[1]["attributes"]["ragmesh.closed_early"] is True
+    served_spans = [s for s in spans if s["kind"] == "SERVER" and s["name"] == f"{served.name}/NarrateStream"]
+    assert {s["parent_id"] for s in served_spans} == {c["span_id"] for c in calls}
