@@ -9,12 +9,14 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from grpc import aio
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from meshkit import tracing
 from meshkit.client import ClientPolicy, Downstream, DownstreamError
@@ -247,3 +249,43 @@ async def test_a_server_stream_is_one_client_span_read_whole_or_closed_early(
     assert calls[1]["attributes"]["ragmesh.closed_early"] is True
     served_spans = [s for s in spans if s["name"] == server_name]
     assert {s["parent_id"] for s in served_spans} == {c["span_id"] for c in calls}
+
+
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace receiver, as an OpenTelemetry collector serves it."""
+
+    def __init__(self) -> None:
+        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+
+    def Export(self, request: Any, context: Any) -> trace_service_pb2.ExportTraceServiceResponse:
+        self.requests.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def test_spans_reach_an_otlp_collector_over_grpc() -> None:
+    collector = Collector()
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        assert tracing.configure_tracing("otlp-unit", MeshSettings(otlp_endpoint=f"http://127.0.0.1:{port}"))
+        token = request_id_var.set("rid-otlp")
+        try:
+            with tracing.rpc_call("embedder", "Embed"):
+                pass
+        finally:
+            request_id_var.reset(token)
+        assert tracing.flush_tracing()
+    finally:
+        tracing.shutdown_tracing()
+        server.stop(0)
+    resources = [rs for request in collector.requests for rs in request.resource_spans]
+    services = {
+        a.value.string_value for rs in resources for a in rs.resource.attributes if a.key == "service.name"
+    }
+    assert services == {"otlp-unit"}
+    spans = [span for rs in resources for ss in rs.scope_spans for span in ss.spans]
+    assert [span.name for span in spans] == ["embedder/Embed"]
+    attributes = {a.key: a.value.string_value for a in spans[0].attributes}
+    assert attributes[tracing.REQUEST_ID_ATTRIBUTE] == "rid-otlp"
