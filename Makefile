@@ -16,7 +16,8 @@ SCIFACT ?= ../shared/bench/scifact
 STAMP := $(VENV)/.installed
 
 .PHONY: setup proto proto-check lint fmt typecheck buf-check breaking check test test-unit test-integration \
-        up down status demo bench clean lock reranker-model deploy-check chaos gpu-check peer-bench
+        up down status demo bench clean lock reranker-model deploy-check chaos gpu-check peer-bench \
+        rules-check
 
 setup: $(STAMP)
 
@@ -89,7 +90,17 @@ typecheck: setup
 deploy-check: setup
 	deploy/k8s/validate.sh
 
-check: lint typecheck buf-check proto-check breaking deploy-check
+# The Prometheus alert rules (deploy/prometheus/) parse and pass their unit tests. promtool comes
+# with Debian's prometheus package (.ci/run installs it).
+PROMTOOL ?= promtool
+rules-check: setup
+	@command -v $(PROMTOOL) >/dev/null || \
+		{ echo "promtool not found: apt-get install prometheus (or PROMTOOL=/path/to/promtool)"; exit 1; }
+	$(PROMTOOL) check rules deploy/prometheus/ragmesh-rules.yml
+	cd deploy/prometheus && $(PROMTOOL) test rules tests/*.test.yml
+	$(PY) -m json.tool deploy/grafana/ragmesh-stages.json >/dev/null
+
+check: lint typecheck buf-check proto-check breaking deploy-check rules-check
 
 test: setup
 	$(BIN)/pytest -q

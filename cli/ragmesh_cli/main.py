@@ -81,6 +81,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         replicas=replicas if replicas is not None else recorded.get("replicas", {}),
         processes=processes if processes is not None else recorded.get("processes", {}),
         secure=args.secure or bool(recorded.get("secure")),
+        # Every service appends its spans to the one file (meshkit.tracing).
+        extra_env={"RAGMESH_TRACE_FILE": str(args.trace_file.absolute())} if args.trace_file else None,
     )
     print(f"starting the stack in {state_dir} ...", file=sys.stderr)
     print(stack.up())
@@ -324,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="API keys, mTLS with an identity per service, NATS and S3 over TLS with per-service "
         "credentials (docs/SECURITY.md); a running secure stack stays secure",
+    )
+    up.add_argument(
+        "--trace-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="every service appends its trace spans to PATH as JSON lines (docs/OBSERVABILITY.md)",
     )
     up.set_defaults(func=cmd_up)
 

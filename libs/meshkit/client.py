@@ -31,6 +31,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from meshkit import tracing
 from meshkit.addresses import grpc_target
 from meshkit.interceptors import deadline_var
 from meshkit.logs import REQUEST_ID_HEADER, current_request_id, new_request_id
@@ -209,7 +210,7 @@ class Downstream(Generic[StubT]):
         overall = time.monotonic() + remaining_budget(
             timeout if timeout is not None else self.policy.timeout_s
         )
-        metadata = ((REQUEST_ID_HEADER, current_request_id() or new_request_id()),)
+        rid = current_request_id() or new_request_id()
         attempts = self.policy.retry_attempts if idempotent else 1
 
         def before_sleep(state: RetryCallState) -> None:
@@ -230,6 +231,19 @@ class Downstream(Generic[StubT]):
             before_sleep=before_sleep,
             reraise=True,
         )
+        with tracing.rpc_call(self.target, name) as carrier:
+            metadata = ((REQUEST_ID_HEADER, rid), *carrier.items())
+            return await self._attempts(retrying, method, request, metadata, name, overall)
+
+    async def _attempts(
+        self,
+        retrying: AsyncRetrying,
+        method: Any,
+        request: Any,
+        metadata: tuple[tuple[str, str], ...],
+        name: str,
+        overall: float,
+    ) -> Any:
         try:
             async for attempt in retrying:
                 with attempt:
@@ -260,23 +274,25 @@ class Downstream(Generic[StubT]):
             raise DownstreamError(
                 self.target, "deadline", grpc.StatusCode.DEADLINE_EXCEEDED, "no time left before the deadline"
             )
-        metadata = ((REQUEST_ID_HEADER, current_request_id() or new_request_id()),)
-        call: Any = None
-        try:
-            with self.breaker.calling():
-                call = method(request, timeout=left, metadata=metadata)
-                messages = call.__aiter__()
-                first = await anext(messages, None)
-            if first is not None:
-                yield first
-                async for message in messages:
-                    yield message
-            CLIENT_CALLS.labels(self.target, name, "OK").inc()
-        except (pybreaker.CircuitBreakerError, aio.AioRpcError) as exc:
-            raise self._failed(name, exc) from exc
-        finally:
-            if call is not None and not call.done():
-                call.cancel()
+        rid = current_request_id() or new_request_id()
+        with tracing.rpc_call(self.target, name) as carrier:
+            metadata = ((REQUEST_ID_HEADER, rid), *carrier.items())
+            call: Any = None
+            try:
+                with self.breaker.calling():
+                    call = method(request, timeout=left, metadata=metadata)
+                    messages = call.__aiter__()
+                    first = await anext(messages, None)
+                if first is not None:
+                    yield first
+                    async for message in messages:
+                        yield message
+                CLIENT_CALLS.labels(self.target, name, "OK").inc()
+            except (pybreaker.CircuitBreakerError, aio.AioRpcError) as exc:
+                raise self._failed(name, exc) from exc
+            finally:
+                if call is not None and not call.done():
+                    call.cancel()
 
     def _failed(self, name: str, exc: pybreaker.CircuitBreakerError | aio.AioRpcError) -> DownstreamError:
         if isinstance(exc, pybreaker.CircuitBreakerError):

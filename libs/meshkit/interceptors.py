@@ -20,6 +20,7 @@ from typing import Any, cast
 import grpc
 from grpc import aio
 
+from meshkit import tracing
 from meshkit.auth import Guard, principal_var
 from meshkit.errors import ServiceError
 from meshkit.identity import IdentityGuard
@@ -55,10 +56,13 @@ class _CallTokens:
     api_key_name: contextvars.Token[str]
     principal: contextvars.Token[Any]
     identity: contextvars.Token[str]
+    # The call's span (None with tracing off), current while the handler runs.
+    trace: tracing.Incoming | None = None
 
 
-def _begin(context: aio.ServicerContext) -> _CallTokens:
-    rid = _request_id_from(context.invocation_metadata())
+def _begin(context: aio.ServicerContext, service: str = "", method: str = "") -> _CallTokens:
+    metadata = context.invocation_metadata()
+    rid = _request_id_from(metadata)
     remaining = context.time_remaining()
     deadline = time.monotonic() + remaining if remaining is not None else None
     # The caller is set by the guards; blank until then, and reset with the rest after the call.
@@ -68,10 +72,12 @@ def _begin(context: aio.ServicerContext) -> _CallTokens:
         api_key_name_var.set(""),
         principal_var.set(None),
         caller_identity_var.set(""),
+        tracing.start_server_span(service, method, metadata),
     )
 
 
 def _end(tokens: _CallTokens) -> None:
+    tracing.finish(tokens.trace)
     request_id_var.reset(tokens.request_id)
     deadline_var.reset(tokens.deadline)
     api_key_name_var.reset(tokens.api_key_name)
@@ -132,6 +138,7 @@ class MeshServerInterceptor(aio.ServerInterceptor):
         elapsed = time.perf_counter() - started
         RPC_REQUESTS.labels(self.service, method, code.name).inc()
         RPC_LATENCY.labels(self.service, method).observe(elapsed)
+        tracing.record_rpc_code(code)
         level = logging.INFO if code in (grpc.StatusCode.OK,) else logging.WARNING
         if code == grpc.StatusCode.INTERNAL:
             level = logging.ERROR
@@ -164,7 +171,7 @@ class MeshServerInterceptor(aio.ServerInterceptor):
         self, behavior: Callable[..., Awaitable[Any]], method: str
     ) -> Callable[..., Awaitable[Any]]:
         async def wrapped(request: Any, context: aio.ServicerContext) -> Any:
-            tokens = _begin(context)
+            tokens = _begin(context, self.service, method)
             started = time.perf_counter()
             RPC_IN_FLIGHT.labels(self.service).inc()
             try:
@@ -187,7 +194,7 @@ class MeshServerInterceptor(aio.ServerInterceptor):
         self, behavior: Callable[..., AsyncIterator[Any]], method: str
     ) -> Callable[..., AsyncIterator[Any]]:
         async def wrapped(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
-            tokens = _begin(context)
+            tokens = _begin(context, self.service, method)
             started = time.perf_counter()
             RPC_IN_FLIGHT.labels(self.service).inc()
             try:

@@ -14,11 +14,22 @@ import urllib3
 from minio import Minio
 from minio.error import MinioException, S3Error
 
+from meshkit import tracing
 from meshkit.settings import MeshSettings
 
 
 class ObjectNotFound(KeyError):
     pass
+
+
+def _s3_span(operation: str, bucket: str, key: str = "") -> tracing.Outgoing:
+    """The span of one S3 request (no-op with tracing off)."""
+    if not tracing.enabled():
+        return tracing.NO_SPAN
+    attributes: dict[str, str | int] = {"rpc.system": "aws-api", "aws.s3.bucket": bucket}
+    if key:
+        attributes["aws.s3.key"] = key
+    return tracing.outgoing(f"s3.{operation}", tracing.CLIENT, attributes)
 
 
 # What a call raises when the store is unreachable or failing (as opposed to ObjectNotFound):
@@ -75,7 +86,8 @@ class ObjectStore:
                     if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                         raise
 
-        await asyncio.to_thread(_ensure)
+        with _s3_span("EnsureBucket", bucket):
+            await asyncio.to_thread(_ensure)
 
     async def put(
         self,
@@ -86,15 +98,16 @@ class ObjectStore:
         content_type: str = "application/octet-stream",
         metadata: dict[str, str] | None = None,
     ) -> None:
-        await asyncio.to_thread(
-            self.client.put_object,
-            bucket,
-            key,
-            io.BytesIO(data),
-            len(data),
-            content_type=content_type,
-            metadata=metadata,  # type: ignore[arg-type]
-        )
+        with _s3_span("PutObject", bucket, key):
+            await asyncio.to_thread(
+                self.client.put_object,
+                bucket,
+                key,
+                io.BytesIO(data),
+                len(data),
+                content_type=content_type,
+                metadata=metadata,  # type: ignore[arg-type]
+            )
 
     async def get(self, bucket: str, key: str) -> bytes:
         def _get() -> bytes:
@@ -110,10 +123,12 @@ class ObjectStore:
                 response.close()
                 response.release_conn()
 
-        return await asyncio.to_thread(_get)
+        with _s3_span("GetObject", bucket, key):
+            return await asyncio.to_thread(_get)
 
     async def put_file(self, bucket: str, key: str, path: str) -> None:
-        await asyncio.to_thread(self.client.fput_object, bucket, key, path)
+        with _s3_span("PutObject", bucket, key):
+            await asyncio.to_thread(self.client.fput_object, bucket, key, path)
 
     async def get_file(self, bucket: str, key: str, path: str) -> None:
         def _get() -> None:
@@ -124,10 +139,12 @@ class ObjectStore:
                     raise ObjectNotFound(f"{bucket}/{key}") from exc
                 raise
 
-        await asyncio.to_thread(_get)
+        with _s3_span("GetObject", bucket, key):
+            await asyncio.to_thread(_get)
 
     async def delete(self, bucket: str, key: str) -> None:
-        await asyncio.to_thread(self.client.remove_object, bucket, key)
+        with _s3_span("DeleteObject", bucket, key):
+            await asyncio.to_thread(self.client.remove_object, bucket, key)
 
     async def list_keys(self, bucket: str, prefix: str = "") -> list[str]:
         def _list() -> list[str]:
@@ -137,7 +154,8 @@ class ObjectStore:
                 if o.object_name
             ]
 
-        return await asyncio.to_thread(_list)
+        with _s3_span("ListObjects", bucket, prefix):
+            return await asyncio.to_thread(_list)
 
     async def stat(self, bucket: str, key: str) -> dict[str, Any] | None:
         def _stat() -> dict[str, Any] | None:
@@ -149,4 +167,5 @@ class ObjectStore:
                 raise
             return {"size": info.size, "etag": info.etag, "metadata": dict(info.metadata or {})}
 
-        return await asyncio.to_thread(_stat)
+        with _s3_span("HeadObject", bucket, key):
+            return await asyncio.to_thread(_stat)

@@ -31,6 +31,7 @@ from meshkit.metrics import start_metrics_server
 from meshkit.prefork import WorkerGroup, check_workers, exit_when_orphaned, metrics_port_of
 from meshkit.settings import MeshSettings
 from meshkit.tls import TLSConfigError, bind, own_identity, server_mode
+from meshkit.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger("meshkit.server")
 
@@ -276,4 +277,9 @@ def run_service(spec: ServiceSpec, settings: MeshSettings) -> None:
     if settings.workers > 1 and settings.worker_index is None:
         raise SystemExit(WorkerGroup(settings).run())
     start_metrics_server(metrics_port_of(settings), settings.host)
-    asyncio.run(serve_until_signalled(spec, settings))
+    # After the pre-fork branch: each serving process exports its own spans.
+    configure_tracing(spec.name, settings)
+    try:
+        asyncio.run(serve_until_signalled(spec, settings))
+    finally:
+        shutdown_tracing()

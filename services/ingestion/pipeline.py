@@ -26,6 +26,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from meshkit import tracing
 from meshkit.client import ClientPolicy, Downstream, DownstreamError
 from meshkit.collections import CollectionRegistry, EmbedderIdentity, RecordConflict
 from meshkit.errors import ServiceError
@@ -134,6 +135,8 @@ class Job:
     failure: JobFailure | None = None
     # The record was written (its previous object may be cleaned up).
     committed: bool = False
+    # The span of the event being processed (None with tracing off), ended when it is settled.
+    trace: tracing.Incoming | None = None
 
     @property
     def key(self) -> str:
@@ -243,7 +246,8 @@ class IngestPipeline:
 
         async def prepare(job: Job) -> None:
             try:
-                await self._prepare(job)
+                with tracing.attached(job.trace):
+                    await self._prepare(job)
             finally:
                 ready.put_nowait(job)
 
@@ -264,6 +268,10 @@ class IngestPipeline:
             await asyncio.gather(*preparing, *groups, return_exceptions=True)
 
     async def _index_group(self, jobs: list[Job], settle: Settle) -> None:
+        with tracing.grouped("ingest.index", [job.trace for job in jobs]):
+            await self._index_group_traced(jobs, settle)
+
+    async def _index_group_traced(self, jobs: list[Job], settle: Settle) -> None:
         started = time.perf_counter()
         live = [job for job in jobs if job.live]
         await self._embed(live)

@@ -29,6 +29,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from meshkit import tracing
 from meshkit.settings import IngestionSettings
 from services.ingestion.events import DLQ_SUBJECT_PREFIX, SUBJECT_PREFIX, IngestEvent
 
@@ -110,6 +111,10 @@ async def publish_event(
 ) -> None:
     """Put a request's event on the ingest stream. ``msg_id`` makes a retried publish of the
     same thing (within the duplicate window) a no-op on the server."""
-    await js.publish(
-        event.subject, event.to_bytes(), stream=settings.ingest_stream, headers={"Nats-Msg-Id": msg_id}
-    )
+    with tracing.nats_publish(event.subject) as trace_headers:
+        await js.publish(
+            event.subject,
+            event.to_bytes(),
+            stream=settings.ingest_stream,
+            headers={"Nats-Msg-Id": msg_id, **trace_headers},
+        )

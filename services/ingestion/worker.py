@@ -31,6 +31,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from prometheus_client import Counter, Gauge
 
+from meshkit import tracing
 from meshkit.collections import CollectionRegistry, open_collections_bucket
 from meshkit.logs import new_request_id, request_id_var
 from meshkit.natsconn import connect_options
@@ -215,7 +216,18 @@ class IngestWorker:
     # --- claims ----------------------------------------------------------------------------
 
     async def _claim(self, msg: Msg) -> Job | None:
-        """Own the document for this event, or settle the event right away."""
+        """Own the document for this event, or settle the event right away. The event's span
+        (a child of its publisher's) lasts until the event is settled."""
+        trace = tracing.start_consumer_span(msg.subject, msg.headers)
+        job: Job | None = None
+        try:
+            job = await self._claim_event(msg, trace)
+            return job
+        finally:
+            if job is None:
+                tracing.finish(trace, outcome="not claimed")
+
+    async def _claim_event(self, msg: Msg, trace: tracing.Incoming | None) -> Job | None:
         assert self.lifecycle is not None
         try:
             event = IngestEvent.from_bytes(msg.data)
@@ -231,7 +243,7 @@ class IngestWorker:
         try:
             result: ClaimResult = await self.lifecycle.claim(event, self.worker_id)
             if isinstance(result, Claim):
-                job = Job(event=event, claim=result)
+                job = Job(event=event, claim=result, trace=trace)
                 return job
             await self._settle_unclaimed(msg, event, result)
             return None
@@ -282,6 +294,9 @@ class IngestWorker:
             await self._nak(msg, self.lifecycle.transient_delay(1), "outcome not recorded")
         finally:
             self._held.discard(job.key)
+            tracing.finish(
+                job.trace, outcome="lost" if job.lost else "ok" if job.failure is None else "failed"
+            )
             previous = job.previous_record
             if job.committed and previous is not None and previous.object_key != job.event.object_key:
                 self._drop_object(job.key, previous.object_key)

@@ -25,6 +25,25 @@ class MeshSettings(BaseSettings):
     log_level: str = Field("INFO", description="Python log level.")
     log_format: Literal["json", "text"] = Field("json", description="Structured JSON or plain text logs.")
     shutdown_grace_s: float = Field(10.0, description="How long SIGTERM waits for in-flight calls.")
+    # --- tracing (meshkit.tracing; docs/OBSERVABILITY.md): off unless one of the two is set ---
+    trace_file: Path | None = Field(
+        None,
+        description="Append every finished span as one JSON line to this file (all processes may share "
+        "one file: each batch is one O_APPEND write); unset: no file. 'ragmesh up --trace-file' sets it.",
+    )
+    otlp_endpoint: str = Field(
+        "",
+        description="OpenTelemetry collector to export spans to over OTLP/gRPC, e.g. http://127.0.0.1:4317 "
+        "(http://: plaintext; https://: TLS verified against tls_ca_file, else the system CAs); "
+        "empty: no OTLP export.",
+    )
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of new traces recorded when tracing is on; a call that arrives inside a trace "
+        "follows its caller's decision.",
+    )
     max_message_bytes: int = Field(
         64 * 1024 * 1024,
         description="Largest gRPC message accepted or sent; each service accepts less where its largest "
