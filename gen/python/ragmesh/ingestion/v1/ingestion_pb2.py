@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$ragmesh/ingestion/v1/ingestion.proto\x12\x14ragmesh.ingestion.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf5\x01\n\x08\x44ocument\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x34\n\x06\x66ormat\x18\x03 \x01(\x0e\x32$.ragmesh.ingestion.v1.DocumentFormat\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\x0c\x12\x12\n\nsource_uri\x18\x05 \x01(\t\x12>\n\x08metadata\x18\x06 \x03(\x0b\x32,.ragmesh.ingestion.v1.Document.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"_\n\x16IngestDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x31\n\tdocuments\x18\x02 \x03(\x0b\x32\x1e.ragmesh.ingestion.v1.Document\"l\n\x0cSubmitResult\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x34\n\x07outcome\x18\x02 \x01(\x0e\x32#.ragmesh.ingestion.v1.SubmitOutcome\x12\x16\n\x0e\x63ontent_sha256\x18\x03 \x01(\t\"N\n\x17IngestDocumentsResponse\x12\x33\n\x07results\x18\x01 \x03(\x0b\x32\".ragmesh.ingestion.v1.SubmitResult\"=\n\x16\x44\x65leteDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0f\n\x07\x64oc_ids\x18\x02 \x03(\t\")\n\x17\x44\x65leteDocumentsResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"\xe2\x01\n\x0e\x44ocumentStatus\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x32\n\x05state\x18\x03 \x01(\x0e\x32#.ragmesh.ingestion.v1.DocumentState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x05 \x01(\r\x12\x0e\n\x06\x63hunks\x18\x06 \x01(\r\x12\x16\n\x0e\x63ontent_sha256\x18\x07 \x01(\t\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"?\n\x18GetDocumentStatusRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0f\n\x07\x64oc_ids\x18\x02 \x03(\t\"T\n\x19GetDocumentStatusResponse\x12\x37\n\tdocuments\x18\x01 \x03(\x0b\x32$.ragmesh.ingestion.v1.DocumentStatus\"0\n\x1aGetCollectionStatusRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"\x98\x01\n\x1bGetCollectionStatusResponse\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x04\x12\x12\n\nprocessing\x18\x03 \x01(\x04\x12\x0f\n\x07indexed\x18\x04 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x04\x12\x10\n\x08\x64\x65leting\x18\x06 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x07 \x01(\x04\"\x18\n\x16ListCollectionsRequest\".\n\x17ListCollectionsResponse\x12\x13\n\x0b\x63ollections\x18\x01 \x03(\t\"\x93\x01\n\nDeadLetter\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x12\n\ncollection\x18\x02 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x05 \x01(\r\x12-\n\tfailed_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"S\n\x16ListDeadLettersRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x04\"n\n\x17ListDeadLettersResponse\x12\x36\n\x0c\x64\x65\x61\x64_letters\x18\x01 \x03(\x0b\x32 .ragmesh.ingestion.v1.DeadLetter\x12\x1b\n\x13next_after_sequence\x18\x02 \x01(\x04\"Y\n\x18ReplayDeadLettersRequest\x12\x11\n\tsequences\x18\x01 \x03(\x04\x12\x12\n\ncollection\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x04\"^\n\x19ReplayDeadLettersResponse\x12\x10\n\x08replayed\x18\x01 \x01(\r\x12\x12\n\nsuperseded\x18\x02 \x01(\r\x12\x1b\n\x13next_after_sequence\x18\x03 \x01(\x04*\x9c\x01\n\x0e\x44ocumentFormat\x12\x1f\n\x1b\x44OCUMENT_FORMAT_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44OCUMENT_FORMAT_MARKDOWN\x10\x01\x12\x18\n\x14\x44OCUMENT_FORMAT_TEXT\x10\x02\x12\x18\n\x14\x44OCUMENT_FORMAT_HTML\x10\x03\x12\x17\n\x13\x44OCUMENT_FORMAT_PDF\x10\x04*h\n\rSubmitOutcome\x12\x1e\n\x1aSUBMIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n\x15SUBMIT_OUTCOME_QUEUED\x10\x01\x12\x1c\n\x18SUBMIT_OUTCOME_UNCHANGED\x10\x02*\xd9\x01\n\rDocumentState\x12\x1e\n\x1a\x44OCUMENT_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x44OCUMENT_STATE_QUEUED\x10\x01\x12\x1d\n\x19\x44OCUMENT_STATE_PROCESSING\x10\x02\x12\x1a\n\x16\x44OCUMENT_STATE_INDEXED\x10\x03\x12\x19\n\x15\x44OCUMENT_STATE_FAILED\x10\x04\x12\x1b\n\x17\x44OCUMENT_STATE_DELETING\x10\x05\x12\x1a\n\x16\x44OCUMENT_STATE_DELETED\x10\x06\x32\xba\x06\n\x10IngestionService\x12n\n\x0fIngestDocuments\x12,.ragmesh.ingestion.v1.IngestDocumentsRequest\x1a-.ragmesh.ingestion.v1.IngestDocumentsResponse\x12n\n\x0f\x44\x65leteDocuments\x12,.ragmesh.ingestion.v1.DeleteDocumentsRequest\x1a-.ragmesh.ingestion.v1.DeleteDocumentsResponse\x12t\n\x11GetDocumentStatus\x12..ragmesh.ingestion.v1.GetDocumentStatusRequest\x1a/.ragmesh.ingestion.v1.GetDocumentStatusResponse\x12z\n\x13GetCollectionStatus\x12\x30.ragmesh.ingestion.v1.GetCollectionStatusRequest\x1a\x31.ragmesh.ingestion.v1.GetCollectionStatusResponse\x12n\n\x0fListCollections\x12,.ragmesh.ingestion.v1.ListCollectionsRequest\x1a-.ragmesh.ingestion.v1.ListCollectionsResponse\x12n\n\x0fListDeadLetters\x12,.ragmesh.ingestion.v1.ListDeadLettersRequest\x1a-.ragmesh.ingestion.v1.ListDeadLettersResponse\x12t\n\x11ReplayDeadLetters\x12..ragmesh.ingestion.v1.ReplayDeadLettersRequest\x1a/.ragmesh.ingestion.v1.ReplayDeadLettersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$ragmesh/ingestion/v1/ingestion.proto\x12\x14ragmesh.ingestion.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf5\x01\n\x08\x44ocument\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x34\n\x06\x66ormat\x18\x03 \x01(\x0e\x32$.ragmesh.ingestion.v1.DocumentFormat\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\x0c\x12\x12\n\nsource_uri\x18\x05 \x01(\t\x12>\n\x08metadata\x18\x06 \x03(\x0b\x32,.ragmesh.ingestion.v1.Document.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"_\n\x16IngestDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x31\n\tdocuments\x18\x02 \x03(\x0b\x32\x1e.ragmesh.ingestion.v1.Document\"|\n\x0cSubmitResult\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x34\n\x07outcome\x18\x02 \x01(\x0e\x32#.ragmesh.ingestion.v1.SubmitOutcome\x12\x16\n\x0e\x63ontent_sha256\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"N\n\x17IngestDocumentsResponse\x12\x33\n\x07results\x18\x01 \x03(\x0b\x32\".ragmesh.ingestion.v1.SubmitResult\"=\n\x16\x44\x65leteDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0f\n\x07\x64oc_ids\x18\x02 \x03(\t\")\n\x17\x44\x65leteDocumentsResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"\xe2\x01\n\x0e\x44ocumentStatus\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x32\n\x05state\x18\x03 \x01(\x0e\x32#.ragmesh.ingestion.v1.DocumentState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x05 \x01(\r\x12\x0e\n\x06\x63hunks\x18\x06 \x01(\r\x12\x16\n\x0e\x63ontent_sha256\x18\x07 \x01(\t\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"?\n\x18GetDocumentStatusRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0f\n\x07\x64oc_ids\x18\x02 \x03(\t\"T\n\x19GetDocumentStatusResponse\x12\x37\n\tdocuments\x18\x01 \x03(\x0b\x32$.ragmesh.ingestion.v1.DocumentStatus\"0\n\x1aGetCollectionStatusRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"\x98\x01\n\x1bGetCollectionStatusResponse\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x04\x12\x12\n\nprocessing\x18\x03 \x01(\x04\x12\x0f\n\x07indexed\x18\x04 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x04\x12\x10\n\x08\x64\x65leting\x18\x06 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x07 \x01(\x04\"\x18\n\x16ListCollectionsRequest\".\n\x17ListCollectionsResponse\x12\x13\n\x0b\x63ollections\x18\x01 \x03(\t\"j\n\x14ListDocumentsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x19\n\x11source_uri_prefix\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\r\x12\x14\n\x0c\x61\x66ter_doc_id\x18\x04 \x01(\t\"\x81\x01\n\x0f\x44ocumentSummary\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x32\n\x05state\x18\x02 \x01(\x0e\x32#.ragmesh.ingestion.v1.DocumentState\x12\x12\n\nsource_uri\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontent_sha256\x18\x04 \x01(\t\"l\n\x15ListDocumentsResponse\x12\x38\n\tdocuments\x18\x01 \x03(\x0b\x32%.ragmesh.ingestion.v1.DocumentSummary\x12\x19\n\x11next_after_doc_id\x18\x02 \x01(\t\"\x93\x01\n\nDeadLetter\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x12\n\ncollection\x18\x02 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x05 \x01(\r\x12-\n\tfailed_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"S\n\x16ListDeadLettersRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x04\"n\n\x17ListDeadLettersResponse\x12\x36\n\x0c\x64\x65\x61\x64_letters\x18\x01 \x03(\x0b\x32 .ragmesh.ingestion.v1.DeadLetter\x12\x1b\n\x13next_after_sequence\x18\x02 \x01(\x04\"Y\n\x18ReplayDeadLettersRequest\x12\x11\n\tsequences\x18\x01 \x03(\x04\x12\x12\n\ncollection\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x04\"^\n\x19ReplayDeadLettersResponse\x12\x10\n\x08replayed\x18\x01 \x01(\r\x12\x12\n\nsuperseded\x18\x02 \x01(\r\x12\x1b\n\x13next_after_sequence\x18\x03 \x01(\x04*\xc3\x01\n\x0e\x44ocumentFormat\x12\x1f\n\x1b\x44OCUMENT_FORMAT_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44OCUMENT_FORMAT_MARKDOWN\x10\x01\x12\x18\n\x14\x44OCUMENT_FORMAT_TEXT\x10\x02\x12\x18\n\x14\x44OCUMENT_FORMAT_HTML\x10\x03\x12\x17\n\x13\x44OCUMENT_FORMAT_PDF\x10\x04\x12%\n!DOCUMENT_FORMAT_OBSIDIAN_MARKDOWN\x10\x05*\x85\x01\n\rSubmitOutcome\x12\x1e\n\x1aSUBMIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n\x15SUBMIT_OUTCOME_QUEUED\x10\x01\x12\x1c\n\x18SUBMIT_OUTCOME_UNCHANGED\x10\x02\x12\x1b\n\x17SUBMIT_OUTCOME_REJECTED\x10\x03*\xd9\x01\n\rDocumentState\x12\x1e\n\x1a\x44OCUMENT_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x44OCUMENT_STATE_QUEUED\x10\x01\x12\x1d\n\x19\x44OCUMENT_STATE_PROCESSING\x10\x02\x12\x1a\n\x16\x44OCUMENT_STATE_INDEXED\x10\x03\x12\x19\n\x15\x44OCUMENT_STATE_FAILED\x10\x04\x12\x1b\n\x17\x44OCUMENT_STATE_DELETING\x10\x05\x12\x1a\n\x16\x44OCUMENT_STATE_DELETED\x10\x06\x32\xa4\x07\n\x10IngestionService\x12n\n\x0fIngestDocuments\x12,.ragmesh.ingestion.v1.IngestDocumentsRequest\x1a-.ragmesh.ingestion.v1.IngestDocumentsResponse\x12n\n\x0f\x44\x65leteDocuments\x12,.ragmesh.ingestion.v1.DeleteDocumentsRequest\x1a-.ragmesh.ingestion.v1.DeleteDocumentsResponse\x12t\n\x11GetDocumentStatus\x12..ragmesh.ingestion.v1.GetDocumentStatusRequest\x1a/.ragmesh.ingestion.v1.GetDocumentStatusResponse\x12z\n\x13GetCollectionStatus\x12\x30.ragmesh.ingestion.v1.GetCollectionStatusRequest\x1a\x31.ragmesh.ingestion.v1.GetCollectionStatusResponse\x12n\n\x0fListCollections\x12,.ragmesh.ingestion.v1.ListCollectionsRequest\x1a-.ragmesh.ingestion.v1.ListCollectionsResponse\x12h\n\rListDocuments\x12*.ragmesh.ingestion.v1.ListDocumentsRequest\x1a+.ragmesh.ingestion.v1.ListDocumentsResponse\x12n\n\x0fListDeadLetters\x12,.ragmesh.ingestion.v1.ListDeadLettersRequest\x1a-.ragmesh.ingestion.v1.ListDeadLettersResponse\x12t\n\x11ReplayDeadLetters\x12..ragmesh.ingestion.v1.ReplayDeadLettersRequest\x1a/.ragmesh.ingestion.v1.ReplayDeadLettersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DOCUMENT_METADATAENTRY']._loaded_options = None
   _globals['_DOCUMENT_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_DOCUMENTFORMAT']._serialized_start=1930
-  _globals['_DOCUMENTFORMAT']._serialized_end=2086
-  _globals['_SUBMITOUTCOME']._serialized_start=2088
-  _globals['_SUBMITOUTCOME']._serialized_end=2192
-  _globals['_DOCUMENTSTATE']._serialized_start=2195
-  _globals['_DOCUMENTSTATE']._serialized_end=2412
+  _globals['_DOCUMENTFORMAT']._serialized_start=2296
+  _globals['_DOCUMENTFORMAT']._serialized_end=2491
+  _globals['_SUBMITOUTCOME']._serialized_start=2494
+  _globals['_SUBMITOUTCOME']._serialized_end=2627
+  _globals['_DOCUMENTSTATE']._serialized_start=2630
+  _globals['_DOCUMENTSTATE']._serialized_end=2847
   _globals['_DOCUMENT']._serialized_start=96
   _globals['_DOCUMENT']._serialized_end=341
   _globals['_DOCUMENT_METADATAENTRY']._serialized_start=294
@@ -47,37 +47,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INGESTDOCUMENTSREQUEST']._serialized_start=343
   _globals['_INGESTDOCUMENTSREQUEST']._serialized_end=438
   _globals['_SUBMITRESULT']._serialized_start=440
-  _globals['_SUBMITRESULT']._serialized_end=548
-  _globals['_INGESTDOCUMENTSRESPONSE']._serialized_start=550
-  _globals['_INGESTDOCUMENTSRESPONSE']._serialized_end=628
-  _globals['_DELETEDOCUMENTSREQUEST']._serialized_start=630
-  _globals['_DELETEDOCUMENTSREQUEST']._serialized_end=691
-  _globals['_DELETEDOCUMENTSRESPONSE']._serialized_start=693
-  _globals['_DELETEDOCUMENTSRESPONSE']._serialized_end=734
-  _globals['_DOCUMENTSTATUS']._serialized_start=737
-  _globals['_DOCUMENTSTATUS']._serialized_end=963
-  _globals['_GETDOCUMENTSTATUSREQUEST']._serialized_start=965
-  _globals['_GETDOCUMENTSTATUSREQUEST']._serialized_end=1028
-  _globals['_GETDOCUMENTSTATUSRESPONSE']._serialized_start=1030
-  _globals['_GETDOCUMENTSTATUSRESPONSE']._serialized_end=1114
-  _globals['_GETCOLLECTIONSTATUSREQUEST']._serialized_start=1116
-  _globals['_GETCOLLECTIONSTATUSREQUEST']._serialized_end=1164
-  _globals['_GETCOLLECTIONSTATUSRESPONSE']._serialized_start=1167
-  _globals['_GETCOLLECTIONSTATUSRESPONSE']._serialized_end=1319
-  _globals['_LISTCOLLECTIONSREQUEST']._serialized_start=1321
-  _globals['_LISTCOLLECTIONSREQUEST']._serialized_end=1345
-  _globals['_LISTCOLLECTIONSRESPONSE']._serialized_start=1347
-  _globals['_LISTCOLLECTIONSRESPONSE']._serialized_end=1393
-  _globals['_DEADLETTER']._serialized_start=1396
-  _globals['_DEADLETTER']._serialized_end=1543
-  _globals['_LISTDEADLETTERSREQUEST']._serialized_start=1545
-  _globals['_LISTDEADLETTERSREQUEST']._serialized_end=1628
-  _globals['_LISTDEADLETTERSRESPONSE']._serialized_start=1630
-  _globals['_LISTDEADLETTERSRESPONSE']._serialized_end=1740
-  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_start=1742
-  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_end=1831
-  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_start=1833
-  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_end=1927
-  _globals['_INGESTIONSERVICE']._serialized_start=2415
-  _globals['_INGESTIONSERVICE']._serialized_end=3241
+  _globals['_SUBMITRESULT']._serialized_end=564
+  _globals['_INGESTDOCUMENTSRESPONSE']._serialized_start=566
+  _globals['_INGESTDOCUMENTSRESPONSE']._serialized_end=644
+  _globals['_DELETEDOCUMENTSREQUEST']._serialized_start=646
+  _globals['_DELETEDOCUMENTSREQUEST']._serialized_end=707
+  _globals['_DELETEDOCUMENTSRESPONSE']._serialized_start=709
+  _globals['_DELETEDOCUMENTSRESPONSE']._serialized_end=750
+  _globals['_DOCUMENTSTATUS']._serialized_start=753
+  _globals['_DOCUMENTSTATUS']._serialized_end=979
+  _globals['_GETDOCUMENTSTATUSREQUEST']._serialized_start=981
+  _globals['_GETDOCUMENTSTATUSREQUEST']._serialized_end=1044
+  _globals['_GETDOCUMENTSTATUSRESPONSE']._serialized_start=1046
+  _globals['_GETDOCUMENTSTATUSRESPONSE']._serialized_end=1130
+  _globals['_GETCOLLECTIONSTATUSREQUEST']._serialized_start=1132
+  _globals['_GETCOLLECTIONSTATUSREQUEST']._serialized_end=1180
+  _globals['_GETCOLLECTIONSTATUSRESPONSE']._serialized_start=1183
+  _globals['_GETCOLLECTIONSTATUSRESPONSE']._serialized_end=1335
+  _globals['_LISTCOLLECTIONSREQUEST']._serialized_start=1337
+  _globals['_LISTCOLLECTIONSREQUEST']._serialized_end=1361
+  _globals['_LISTCOLLECTIONSRESPONSE']._serialized_start=1363
+  _globals['_LISTCOLLECTIONSRESPONSE']._serialized_end=1409
+  _globals['_LISTDOCUMENTSREQUEST']._serialized_start=1411
+  _globals['_LISTDOCUMENTSREQUEST']._serialized_end=1517
+  _globals['_DOCUMENTSUMMARY']._serialized_start=1520
+  _globals['_DOCUMENTSUMMARY']._serialized_end=1649
+  _globals['_LISTDOCUMENTSRESPONSE']._serialized_start=1651
+  _globals['_LISTDOCUMENTSRESPONSE']._serialized_end=1759
+  _globals['_DEADLETTER']._serialized_start=1762
+  _globals['_DEADLETTER']._serialized_end=1909
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_start=1911
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_end=1994
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_start=1996
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_end=2106
+  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_start=2108
+  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_end=2197
+  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_start=2199
+  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_end=2293
+  _globals['_INGESTIONSERVICE']._serialized_start=2850
+  _globals['_INGESTIONSERVICE']._serialized_end=3782
 # @@protoc_insertion_point(module_scope)
