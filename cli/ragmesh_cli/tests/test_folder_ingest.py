@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ragmesh.ingestion.v1 import ingestion_pb2
-from ragmesh_cli import documents, folder_sync
+from ragmesh_cli import documents, folder_sync, ingest
 from ragmesh_cli.documents import Skipped, WalkStats
 
 MD = ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN
@@ -153,3 +154,38 @@ def test_classify_compares_bytes_and_source(tmp_path: Path) -> None:
     write(root / "new.md", "d")
     docs, _ = collect([root])
     assert folder_sync.classify(docs, listing).added == ["new.md"]
+
+
+class RejectingStub:
+    """IngestionService that rejects documents whose id starts with 'rej'."""
+
+    async def IngestDocuments(self, request: Any, **_: Any) -> Any:
+        return ingestion_pb2.IngestDocumentsResponse(
+            results=[
+                ingestion_pb2.SubmitResult(
+                    doc_id=d.doc_id, outcome=ingestion_pb2.SUBMIT_OUTCOME_REJECTED, reason="bad metadata"
+                )
+                if d.doc_id.startswith("rej")
+                else ingestion_pb2.SubmitResult(doc_id=d.doc_id, outcome=ingestion_pb2.SUBMIT_OUTCOME_QUEUED)
+                for d in request.documents
+            ]
+        )
+
+
+async def test_rejections_are_listed_and_decide_the_exit_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "docs"
+    write(root / "ok.md")
+    write(root / "rej.md")
+    write(root / "empty.md", "")
+    stats = WalkStats()
+    result = await ingest.submit(RejectingStub(), "c", [root], fake_detect, stats)  # type: ignore[arg-type]
+    assert (result.queued, result.rejected) == (1, [("rej.md", "bad metadata")])
+    ingest._print_summary("c", result, stats)
+    out = capsys.readouterr().out
+    assert "rej.md: bad metadata" in out and f"{root / 'empty.md'}: empty" in out
+    assert ingest._exit_code(result, stats, ingest.FolderOptions()) == 0
+    assert ingest._exit_code(result, stats, ingest.FolderOptions(strict=True)) == 1
+    nothing = ingest.IngestResult(submitted=1, rejected=[("rej.md", "bad metadata")])
+    assert ingest._exit_code(nothing, WalkStats(), ingest.FolderOptions()) == 1
