@@ -35,13 +35,40 @@ class InputError(ValueError):
     """A path or file the user gave cannot be ingested (missing, unknown format, malformed)."""
 
 
+# The ingestion service's default document size limit (RAGMESH_INGEST_MAX_DOCUMENT_BYTES).
+DEFAULT_MAX_FILE_BYTES = 20 * 1024 * 1024
+_TEXT_FORMATS = frozenset(
+    {
+        ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
+        ingestion_pb2.DOCUMENT_FORMAT_OBSIDIAN_MARKDOWN,
+        ingestion_pb2.DOCUMENT_FORMAT_TEXT,
+        ingestion_pb2.DOCUMENT_FORMAT_HTML,
+    }
+)
+UNSUPPORTED = "unsupported format"
+VAULT_MARKER = ".obsidian"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    reason: str
+
+
 @dataclass
 class WalkStats:
     files: int = 0
     corpus_documents: int = 0
-    skipped_unknown: list[str] = field(default_factory=list)
+    # Files found in folders that cannot be ingested, with the reason (nothing is sent for them).
+    skipped: list[Skipped] = field(default_factory=list)
     skipped_empty: int = 0
     duplicates: list[str] = field(default_factory=list)
+    # Doc ids of every file walked (sent or skipped): a sync never deletes these.
+    walked_ids: set[str] = field(default_factory=set)
+
+    @property
+    def skipped_unknown(self) -> list[str]:
+        return [s.path for s in self.skipped if s.reason == UNSUPPORTED]
 
 
 def sanitize_doc_id(raw: str) -> str:
@@ -76,29 +103,46 @@ class FileEntry:
     doc_id: str
     # Named on the command line (unknown format is an error) rather than found in a folder.
     explicit: bool
+    # Inside an Obsidian vault: its Markdown is sent as OBSIDIAN_MARKDOWN.
+    vault: bool = False
+
+
+def is_vault(folder: Path) -> bool:
+    """Whether ``folder`` is the root of an Obsidian vault (it holds the app's ``.obsidian/``)."""
+    return (folder / VAULT_MARKER).is_dir()
+
+
+def _within_vault(folder: Path) -> bool:
+    return any(is_vault(p) for p in (folder.absolute(), *folder.absolute().parents))
 
 
 def walk_paths(paths: Iterable[Path]) -> Iterator[FileEntry]:
     """Files named directly, then everything under folders (recursively, sorted, hidden files
-    and folders skipped). A folder's files get ids relative to that folder."""
+    and folders skipped: ``.obsidian/``, ``.git/``...). A folder's files get ids relative to
+    that folder."""
     for path in paths:
         if path.is_dir():
             yield from _walk_folder(path)
         elif path.is_file():
-            yield FileEntry(path, sanitize_doc_id(path.name), explicit=True)
+            yield FileEntry(path, sanitize_doc_id(path.name), explicit=True, vault=_within_vault(path.parent))
         else:
             raise InputError(f"{path}: no such file or directory")
 
 
 def _walk_folder(root: Path) -> Iterator[FileEntry]:
+    vaults = {str(root)} if _within_vault(root) else set()
     for dirpath, dirnames, filenames in os.walk(root):
+        in_vault = dirpath in vaults or VAULT_MARKER in dirnames
         dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
+        if in_vault:
+            vaults.update(os.path.join(dirpath, d) for d in dirnames)
         for name in sorted(filenames):
             if is_hidden(name):
                 continue
             path = Path(dirpath) / name
             if path.is_file():
-                yield FileEntry(path, sanitize_doc_id(path.relative_to(root).as_posix()), explicit=False)
+                doc_id = sanitize_doc_id(path.relative_to(root).as_posix())
+                yield FileEntry(path, doc_id, explicit=False, vault=in_vault)
 
 
 def parse_corpus_lines(
@@ -158,17 +202,29 @@ def check_explicit_files(paths: Iterable[Path], detect: DetectFormat) -> None:
 
 
 def iter_documents(
-    paths: Iterable[Path], detect: DetectFormat, stats: WalkStats, warn: Warn
+    paths: Iterable[Path],
+    detect: DetectFormat,
+    stats: WalkStats,
+    warn: Warn,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> Iterator[ingestion_pb2.Document]:
-    """Every Document to send, lazily (files are read as the batches need them). Unknown
-    formats inside folders are skipped with a warning; duplicate ids keep the first."""
+    """Every Document to send, lazily (files are read as the batches need them). Files that
+    cannot be ingested (unknown format inside a folder, empty, too large, not UTF-8 text,
+    unreadable) are skipped with a warning and listed in ``stats.skipped``; duplicate ids keep
+    the first."""
     seen: set[str] = set()
     for entry in walk_paths(paths):
         if is_corpus_file(entry.path):
             docs: Iterable[ingestion_pb2.Document] = read_corpus(entry.path, stats)
         else:
-            doc = _file_document(entry, detect, stats, warn)
-            docs = [doc] if doc is not None else []
+            stats.walked_ids.add(entry.doc_id)
+            doc = _file_document(entry, detect, max_file_bytes)
+            if isinstance(doc, str):
+                stats.skipped.append(Skipped(str(entry.path), doc))
+                warn(f"skipping {entry.path}: {doc}")
+                continue
+            stats.files += 1
+            docs = [doc]
         for doc in docs:
             if doc.doc_id in seen:
                 stats.duplicates.append(doc.doc_id)
@@ -179,17 +235,27 @@ def iter_documents(
 
 
 def _file_document(
-    entry: FileEntry, detect: DetectFormat, stats: WalkStats, warn: Warn
-) -> ingestion_pb2.Document | None:
-    content = entry.path.read_bytes()
+    entry: FileEntry, detect: DetectFormat, max_file_bytes: int
+) -> ingestion_pb2.Document | str:
+    """The file's Document, or why it is skipped."""
+    try:
+        size = entry.path.stat().st_size
+        # Not read at all when too large: the size alone decides.
+        content = b"" if size > max_file_bytes else entry.path.read_bytes()
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or type(exc).__name__})"
+    if size > max_file_bytes:
+        return f"too large ({size} bytes, the limit is {max_file_bytes})"
     fmt = detect(entry.path.name, content)
     if not fmt:
         if entry.explicit:
-            raise InputError(f"{entry.path}: unsupported format")
-        stats.skipped_unknown.append(str(entry.path))
-        warn(f"skipping {entry.path}: unsupported format")
-        return None
-    stats.files += 1
+            raise InputError(f"{entry.path}: {UNSUPPORTED}")
+        return UNSUPPORTED
+    problem = content_problem(content, fmt)
+    if problem:
+        return problem
+    if entry.vault and fmt == ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN:
+        fmt = ingestion_pb2.DOCUMENT_FORMAT_OBSIDIAN_MARKDOWN
     return ingestion_pb2.Document(
         # A file:// URI of the absolute path: a caller opens a citation's source with it.
         doc_id=entry.doc_id,
@@ -197,6 +263,23 @@ def _file_document(
         content=content,
         source_uri=entry.path.absolute().as_uri(),
     )
+
+
+def content_problem(content: bytes, fmt: Any) -> str | None:
+    """Why the ingestion service would refuse a file's bytes, checked here so that the file is
+    listed with its reason instead of being sent: empty, not UTF-8 text, not a PDF."""
+    if not content.strip():
+        return "empty"
+    if fmt == ingestion_pb2.DOCUMENT_FORMAT_PDF:
+        return None if content.lstrip()[:5] == b"%PDF-" else "not a PDF (no %PDF- header)"
+    if fmt in _TEXT_FORMATS:
+        if b"\x00" in content:
+            return "binary data, not text (NUL byte)"
+        try:
+            content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"not UTF-8 text (byte 0x{content[exc.start]:02x} at offset {exc.start})"
+    return None
 
 
 def batches(

@@ -1,5 +1,12 @@
 """``ragmesh ingest``: stream documents to IngestionService in batches (a few requests in
-flight), then optionally wait until the collection has indexed them and report failures."""
+flight), then optionally wait until the collection has indexed them and report failures.
+
+Forgiving: a file that cannot be ingested (empty, unsupported, too large, not UTF-8...) is
+skipped and listed with its reason, and a document the service rejects is listed with the
+service's reason; the others go in. The exit code is non-zero only with ``--strict`` (any file
+skipped or rejected) or when nothing went in. ``--sync`` then deletes the documents of the
+folders whose files are gone, ``--dry-run`` only lists what would change
+(ragmesh_cli.folder_sync)."""
 
 from __future__ import annotations
 
@@ -13,14 +20,20 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-from ragmesh_cli import documents
+from ragmesh_cli import documents, folder_sync
 from ragmesh_cli.channels import open_channel
-from ragmesh_cli.documents import DetectFormat, WalkStats
+from ragmesh_cli.documents import DetectFormat, InputError, WalkStats
 
 REQUEST_TIMEOUT_S = 300.0
 STATUS_CHUNK = 500
 POLL_INTERVAL_S = 1.0
-PENDING_STATES = frozenset({ingestion_pb2.DOCUMENT_STATE_QUEUED, ingestion_pb2.DOCUMENT_STATE_PROCESSING})
+PENDING_STATES = frozenset(
+    {
+        ingestion_pb2.DOCUMENT_STATE_QUEUED,
+        ingestion_pb2.DOCUMENT_STATE_PROCESSING,
+        ingestion_pb2.DOCUMENT_STATE_DELETING,
+    }
+)
 
 
 @dataclass
@@ -29,6 +42,23 @@ class IngestResult:
     queued: int = 0
     unchanged: int = 0
     queued_ids: list[str] = field(default_factory=list)
+    # (doc id, the service's reason) for documents the service refused.
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> int:
+        return self.queued + self.unchanged
+
+
+@dataclass(frozen=True)
+class FolderOptions:
+    max_file_bytes: int = documents.DEFAULT_MAX_FILE_BYTES
+    # Delete the folders' documents whose files are gone.
+    sync: bool = False
+    # List what would be added, updated (and with sync deleted); change nothing.
+    dry_run: bool = False
+    # Exit non-zero when any file was skipped or rejected.
+    strict: bool = False
 
 
 def load_detector() -> DetectFormat:
@@ -59,12 +89,13 @@ async def submit(
     max_in_flight: int = 4,
     max_docs: int = documents.DEFAULT_BATCH_DOCS,
     max_bytes: int = documents.DEFAULT_BATCH_BYTES,
+    max_file_bytes: int = documents.DEFAULT_MAX_FILE_BYTES,
 ) -> IngestResult:
     """Send every document under ``paths``; raises aio.AioRpcError on the first failed request
     (requests already in flight are cancelled)."""
     documents.check_explicit_files(paths, detect)
     result = IngestResult()
-    docs = documents.iter_documents(paths, detect, stats, _warn)
+    docs = documents.iter_documents(paths, detect, stats, _warn, max_file_bytes)
     batch_iter = documents.batches(docs, max_docs=max_docs, max_bytes=max_bytes)
     in_flight: set[asyncio.Task[ingestion_pb2.IngestDocumentsResponse]] = set()
     with tqdm(desc="submitted", unit="doc", file=sys.stderr) as bar:
@@ -72,7 +103,9 @@ async def submit(
         def account(task: asyncio.Task[ingestion_pb2.IngestDocumentsResponse]) -> None:
             reply = task.result()
             for item in reply.results:
-                if item.outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED:
+                if item.outcome == ingestion_pb2.SUBMIT_OUTCOME_REJECTED:
+                    result.rejected.append((item.doc_id, item.reason))
+                elif item.outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED:
                     result.unchanged += 1
                 else:
                     result.queued += 1
@@ -143,10 +176,20 @@ async def wait_indexed(
 def _print_summary(collection: str, result: IngestResult, stats: WalkStats) -> None:
     print(
         f"submitted {result.submitted} documents to collection {collection!r}: "
-        f"{result.queued} queued, {result.unchanged} unchanged"
+        f"{result.queued} queued, {result.unchanged} unchanged, {len(result.rejected)} rejected"
     )
-    if stats.skipped_unknown:
-        print(f"skipped {len(stats.skipped_unknown)} files of unsupported format")
+    _print_skipped(stats)
+    if result.rejected:
+        print(f"{len(result.rejected)} documents rejected by the ingestion service:")
+        for doc_id, reason in result.rejected:
+            print(f"  {doc_id}: {reason}")
+
+
+def _print_skipped(stats: WalkStats) -> None:
+    if stats.skipped:
+        print(f"skipped {len(stats.skipped)} files:")
+        for skipped in stats.skipped:
+            print(f"  {skipped.path}: {skipped.reason}")
     if stats.skipped_empty:
         print(f"skipped {stats.skipped_empty} corpus records with no text")
     if stats.duplicates:
@@ -159,6 +202,63 @@ def _print_failures(failed: Sequence[ingestion_pb2.DocumentStatus]) -> None:
         print(f"  {status.doc_id}: {status.reason or 'no reason given'} (attempts {status.attempts})")
 
 
+def _print_ids(label: str, doc_ids: Sequence[str]) -> None:
+    print(f"{label}: {len(doc_ids)}")
+    for doc_id in doc_ids:
+        print(f"  {doc_id}")
+
+
+def _sync_roots(paths: Sequence[Path]) -> list[Path]:
+    roots = [p for p in paths if p.is_dir()]
+    if len(roots) != len(paths):
+        raise InputError("--sync takes folders only: it deletes a folder's documents whose files are gone")
+    return roots
+
+
+async def _dry_run(
+    stub: ingestion_pb2_grpc.IngestionServiceStub,
+    collection: str,
+    paths: Sequence[Path],
+    detect: DetectFormat,
+    options: FolderOptions,
+) -> int:
+    documents.check_explicit_files(paths, detect)
+    stats = WalkStats()
+    listing = await folder_sync.list_documents(stub, collection)
+    docs = documents.iter_documents(paths, detect, stats, _warn, options.max_file_bytes)
+    plan = await asyncio.to_thread(folder_sync.classify, docs, listing)
+    if options.sync:
+        plan.deleted = folder_sync.stale_documents(listing, _sync_roots(paths), stats.walked_ids)
+    print(f"dry run for collection {collection!r}: nothing was changed")
+    _print_ids("would add", plan.added)
+    _print_ids("would update", plan.updated)
+    print(f"unchanged: {len(plan.unchanged)}")
+    if options.sync:
+        _print_ids("would delete", plan.deleted)
+    _print_skipped(stats)
+    return 1 if options.strict and (stats.skipped or stats.duplicates) else 0
+
+
+async def _sync(
+    stub: ingestion_pb2_grpc.IngestionServiceStub, collection: str, roots: Sequence[Path], stats: WalkStats
+) -> list[str]:
+    """Delete the stale documents of ``roots``; their ids."""
+    listing = []
+    for root in roots:
+        listing.extend(await folder_sync.list_documents(stub, collection, folder_sync.folder_prefix(root)))
+    stale = folder_sync.stale_documents(listing, roots, stats.walked_ids)
+    if stale and not stats.walked_ids:
+        # An empty folder (an unmounted share, a wrong path) must not empty the collection.
+        print(
+            f"not syncing: the folders hold no files, and {len(stale)} documents came from them; "
+            "delete them with `ragmesh delete` if that is meant"
+        )
+        return []
+    await folder_sync.delete_documents(stub, collection, stale)
+    _print_ids("deleted (files gone)", stale)
+    return stale
+
+
 async def run_ingest(
     address: str,
     collection: str,
@@ -168,17 +268,32 @@ async def run_ingest(
     timeout_s: float,
     detect: DetectFormat | None = None,
     max_in_flight: int = 4,
+    options: FolderOptions | None = None,
 ) -> int:
     """The whole command; returns the exit code. gRPC errors propagate (main prints them)."""
+    options = options or FolderOptions()
     detector = detect or load_detector()
+    roots = _sync_roots(paths) if options.sync else []
     stats = WalkStats()
     async with open_channel(address) as channel:
         stub = ingestion_pb2_grpc.IngestionServiceStub(channel)
-        result = await submit(stub, collection, paths, detector, stats, max_in_flight=max_in_flight)
+        if options.dry_run:
+            return await _dry_run(stub, collection, paths, detector, options)
+        result = await submit(
+            stub,
+            collection,
+            paths,
+            detector,
+            stats,
+            max_in_flight=max_in_flight,
+            max_file_bytes=options.max_file_bytes,
+        )
         _print_summary(collection, result, stats)
-        if not wait or not result.queued_ids:
-            return 0
-        statuses = await wait_indexed(stub, collection, result.queued_ids, timeout_s)
+        deleted = await _sync(stub, collection, roots, stats) if options.sync else []
+        code = _exit_code(result, stats, options)
+        if not wait or not (result.queued_ids or deleted):
+            return code
+        statuses = await wait_indexed(stub, collection, [*result.queued_ids, *deleted], timeout_s)
         if statuses is None:
             print(f"timed out after {timeout_s:.0f}s waiting for collection {collection!r} to be indexed")
             return 1
@@ -188,4 +303,14 @@ async def run_ingest(
         if failed:
             _print_failures(failed)
             return 1
-        return 0
+        return code
+
+
+def _exit_code(result: IngestResult, stats: WalkStats, options: FolderOptions) -> int:
+    if result.accepted == 0:
+        print("nothing was ingested")
+        return 1
+    if options.strict and (stats.skipped or result.rejected or stats.duplicates):
+        print("--strict: some files were skipped or rejected")
+        return 1
+    return 0

@@ -24,6 +24,7 @@ from ragmesh_cli.addresses import resolve_address
 from ragmesh_cli.channels import open_channel, use_api_key, use_state_dir
 from ragmesh_cli.config import cmd_config
 from ragmesh_cli.documents import InputError
+from ragmesh_cli.folder_sync import add_folder_arguments
 from ragmesh_cli.stack import (
     ALL_SERVICES,
     ProcessStatus,
@@ -145,7 +146,7 @@ _COUNT_FIELDS = ("indexed", "queued", "processing", "failed", "deleting", "chunk
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from ragmesh_cli.ingest import run_ingest
+    from ragmesh_cli.ingest import FolderOptions, run_ingest
 
     address = resolve_address("ingestion", state_dir_of(args))
     return asyncio.run(
@@ -156,6 +157,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             wait=args.wait,
             timeout_s=args.timeout,
             max_in_flight=args.in_flight,
+            options=FolderOptions(args.max_file_bytes, args.sync, args.dry_run, args.strict),
         )
     )
 
@@ -351,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--wait", action="store_true", help="wait until indexed; fail if any document failed")
     ingest.add_argument("--timeout", type=float, default=1800.0, help="seconds --wait waits (default 1800)")
     ingest.add_argument("--in-flight", type=int, default=4, help="concurrent IngestDocuments requests")
+    add_folder_arguments(ingest)
     ingest.set_defaults(func=cmd_ingest)
 
     search_parser = sub.add_parser("search", parents=[common], help="search a collection through the gateway")

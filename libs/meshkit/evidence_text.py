@@ -322,7 +322,7 @@ def _blocks(lines: list[str]) -> Generator[_Block, None, None]:
             yield from paragraph.flush()
             i = yield from _table(lines, i - 1)
             continue
-        heading = _heading_text(stripped)
+        heading = heading_text(stripped)
         if heading is not None:
             yield from paragraph.flush()
             in_list = False
@@ -369,7 +369,7 @@ def _fence_open_at_start(lines: list[str]) -> str | None:
     return found[0][0] if len(found) == 1 or found[1][1] else None
 
 
-def _heading_text(stripped: str) -> str | None:
+def heading_text(stripped: str) -> str | None:
     """The text of an ATX heading line ('' for a bare marker), or None: not a heading."""
     marks = len(stripped) - len(stripped.lstrip("#"))
     if not 1 <= marks <= 6:

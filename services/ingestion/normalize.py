@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pdfplumber
@@ -20,15 +20,20 @@ from bs4.exceptions import ParserRejectedMarkup
 from markdownify import ATX, MarkdownConverter
 from pdfminer.pdftypes import resolve1
 
-from meshkit.evidence_text import HUGO_SHORTCODES, split_front_matter, strip_tags
+from meshkit.evidence_text import HUGO_SHORTCODES, heading_text, split_front_matter, strip_tags
 from meshkit.formats import detect_format as detect_format  # re-exported: the service imports it here
 from ragmesh.ingestion.v1 import ingestion_pb2
+from services.ingestion.frontmatter import parse_front_matter, tag_metadata
+from services.ingestion.vault import resolve_vault_markdown
 
 DEFAULT_MAX_PDF_PAGES = 2000
 
+_MARKDOWN_FORMATS = frozenset(
+    {ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN, ingestion_pb2.DOCUMENT_FORMAT_OBSIDIAN_MARKDOWN}
+)
 _TEXT_FORMATS = frozenset(
     {
-        ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN,
+        *_MARKDOWN_FORMATS,
         ingestion_pb2.DOCUMENT_FORMAT_TEXT,
         ingestion_pb2.DOCUMENT_FORMAT_HTML,
     }
@@ -82,10 +87,24 @@ class DocumentError(Exception):
         self.reason = reason
 
 
+# Metadata keys a document's own text may give it (front matter, tags); a caller's keys are
+# added on top, up to the stores' limit.
+MAX_DOCUMENT_METADATA_KEYS = 48
+
+
 @dataclass(frozen=True)
 class NormalizedDocument:
     markdown: str
     title: str
+    # Front matter fields and tags (Markdown only), as filterable metadata.
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _MarkdownSource:
+    body: str
+    title: str
+    metadata: dict[str, str]
 
 
 def normalize(
@@ -98,22 +117,27 @@ def normalize(
     """Normalised Markdown and the document's title (the given one, else one found in the
     document, else ''). Raises DocumentError for documents that cannot be processed."""
     given_title = _clean_title(title)
-    if fmt == ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN:
-        body, front_title = _markdown_source(_decode_text(content))
-        markdown = _tidy(body)
-        found_title = front_title or _markdown_h1(markdown)
+    metadata: dict[str, str] = {}
+    if fmt in _MARKDOWN_FORMATS:
+        vault = fmt == ingestion_pb2.DOCUMENT_FORMAT_OBSIDIAN_MARKDOWN
+        source = _markdown_source(_decode_text(content), vault=vault)
+        markdown = _tidy(source.body)
+        found_title = source.title or _markdown_h1(markdown)
+        markdown = _headings_as_text(markdown)
+        metadata = source.metadata
     elif fmt == ingestion_pb2.DOCUMENT_FORMAT_TEXT:
-        markdown = _tidy(_escape_headings(_decode_text(content)))
+        markdown = _escape_headings(_tidy(_decode_text(content)))
         found_title = ""
     elif fmt == ingestion_pb2.DOCUMENT_FORMAT_HTML:
         markdown, found_title = _html_to_markdown(_decode_text(content))
+        markdown = _headings_as_text(markdown)
     elif fmt == ingestion_pb2.DOCUMENT_FORMAT_PDF:
         markdown, found_title = _pdf_to_markdown(content, max_pdf_pages)
     else:
         raise DocumentError(f"unsupported document format {fmt}")
     if not markdown.strip():
         raise DocumentError("document is empty")
-    return NormalizedDocument(markdown=markdown, title=given_title or found_title)
+    return NormalizedDocument(markdown=markdown, title=given_title or found_title, metadata=metadata)
 
 
 def document_problem(content: bytes, fmt: int) -> str | None:
@@ -155,26 +179,58 @@ def _tidy(text: str) -> str:
     return text.strip("\n")
 
 
-def _markdown_source(text: str) -> tuple[str, str]:
-    """The Markdown a site generator would render, and the front matter's title ('' if none).
+def _markdown_source(text: str, *, vault: bool) -> _MarkdownSource:
+    """The Markdown a site generator would render, the front matter's title ('' if none) and
+    the page's metadata (front matter fields and tags).
 
     Front matter (YAML "---" or TOML "+++" at the top) is page metadata, not content: it goes,
     except its title (the page's title: such pages rarely have an H1) and its description (the
-    lead paragraph the page shows under the title). Hugo shortcodes ({{< name >}}, {{% name %}})
-    are template calls: the tags go and the prose between a pair's tags stays."""
+    lead paragraph the page shows under the title); a block that does not parse stays as body
+    text. Hugo shortcodes ({{< name >}}, {{% name %}}) are template calls: the tags go and the
+    prose between a pair's tags stays. In a vault's Markdown, wikilinks read as their text,
+    embeds go and inline tags join the front matter's (services.ingestion.vault); elsewhere
+    "[[" is text ("[[ -f x ]]" in a shell guide)."""
     text = _LINE_BREAKS_RE.sub("\n", text)
     front = split_front_matter(text)
-    if front is None:
-        return strip_tags(text, HUGO_SHORTCODES), ""
-    title = _clean_title(front.field("title"))
-    description = front.field("description")
-    body = strip_tags(front.body, HUGO_SHORTCODES)
+    parsed = parse_front_matter(front, text[:3]) if front is not None else None
+    body = strip_tags(front.body if front is not None and parsed is not None else text, HUGO_SHORTCODES)
+    inline_tags: tuple[str, ...] = ()
+    if vault:
+        resolved = resolve_vault_markdown(body)
+        body, inline_tags = resolved.markdown, resolved.tags
+    if parsed is None:
+        return _MarkdownSource(body, "", tag_metadata(inline_tags, MAX_DOCUMENT_METADATA_KEYS))
+    title = _clean_title(parsed.title)
     if not body.strip():
         # A placeholder page (a redirect, a list rendered by a template): its title is all it
         # says, and an indexed title beats a document that fails ingestion as empty. As a
         # paragraph, not a heading: a heading alone makes no chunk.
         body = title
-    return (f"{description}\n\n{body}" if description else body), title
+    description = parsed.description
+    metadata = dict(parsed.metadata)
+    metadata.pop("tags", None)
+    budget = MAX_DOCUMENT_METADATA_KEYS - len(metadata)
+    metadata.update(tag_metadata((*parsed.tags, *inline_tags), budget))
+    return _MarkdownSource((f"{description}\n\n{body}" if description else body), title, metadata)
+
+
+def _headings_as_text(markdown: str) -> str:
+    """A page of headings only (a stub: "# Title") as the headings' text in paragraphs: a
+    heading alone makes no chunk, and the page is then indexed as its title. Other pages are
+    returned as they are."""
+    texts = []
+    for line in markdown.split("\n"):
+        if not line.strip():
+            continue
+        # A heading has at most three spaces of indent (a tab makes it an indented code line).
+        unindented = line.lstrip(" ")
+        text = heading_text(unindented.rstrip()) if len(line) - len(unindented) <= 3 else None
+        if text is None:
+            return markdown
+        if text:
+            texts.append(text)
+    # A heading's text may itself start with '#' ("# # x"): escaped, it stays a paragraph.
+    return _escape_headings("\n\n".join(texts)) if texts else markdown
 
 
 def _escape_headings(text: str) -> str:
@@ -307,7 +363,7 @@ def _pdf_to_markdown(content: bytes, max_pages: int) -> tuple[str, str]:
     pages = _drop_page_furniture(pages)
     text = "\n\n".join("\n".join(lines) for lines in pages if lines)
     text = _HYPHENATED_BREAK_RE.sub(r"\1\2", text)
-    markdown = _tidy(_escape_headings(text))
+    markdown = _escape_headings(_tidy(text))
     if not markdown.strip():
         raise DocumentError("unparseable PDF: no extractable text (a scanned image?)")
     return markdown, found_title

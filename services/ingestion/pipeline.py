@@ -39,6 +39,7 @@ from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.ingestion.chunking import ChunkDraft, Chunker
 from services.ingestion.events import IngestEvent
+from services.ingestion.frontmatter import merged_metadata
 from services.ingestion.lifecycle import (
     COUNTED,
     PERMANENT,
@@ -131,6 +132,8 @@ class Job:
     claim: Claim
     chunks: list[PreparedChunk] = field(default_factory=list)
     title: str = ""
+    # Metadata from the document's text (front matter, tags); the caller's keys override it.
+    document_metadata: dict[str, str] = field(default_factory=dict)
     record: Versioned | None = None
     failure: JobFailure | None = None
     # The record was written (its previous object may be cleaned up).
@@ -145,7 +148,9 @@ class Job:
     def source(self) -> common_pb2.DocumentSource:
         """Title, source URI and metadata, stored with the document in both stores."""
         return common_pb2.DocumentSource(
-            title=self.title, source_uri=self.event.source_uri, metadata=self.event.metadata
+            title=self.title,
+            source_uri=self.event.source_uri,
+            metadata=merged_metadata(self.document_metadata, self.event.metadata),
         )
 
     @property
@@ -344,6 +349,7 @@ class IngestPipeline:
                 permanent=True,
             )
         job.title = prepared.title
+        job.document_metadata = prepared.metadata
         job.chunks = self._identify(event, drafts)
 
     def _identify(self, event: IngestEvent, drafts: list[ChunkDraft]) -> list[PreparedChunk]:

@@ -36,7 +36,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -62,6 +62,8 @@ _CHILD_COMMAND = f"import sys; from {__name__} import child_main; child_main(int
 class PreparedDocument:
     title: str
     drafts: list[ChunkDraft]
+    # What the document's own text says about it (front matter, tags): filterable metadata.
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 class PreparationFailed(Exception):
@@ -89,7 +91,9 @@ _Reply = tuple[Any, ...]
 def prepare_document(request: _Request, chunker: Chunker) -> PreparedDocument:
     """Normalise and chunk one document (what a child runs)."""
     normalized = normalize(request.content, request.fmt, request.title, max_pdf_pages=request.max_pdf_pages)
-    return PreparedDocument(normalized.title, chunker.chunk(normalized.markdown, normalized.title))
+    return PreparedDocument(
+        normalized.title, chunker.chunk(normalized.markdown, normalized.title), normalized.metadata
+    )
 
 
 class DocumentSandbox:

@@ -58,10 +58,10 @@ from services.ingestion.topology import ensure_topology, publish_event
 log = logging.getLogger("ingestion.api")
 
 SUBMITTED = Counter("ragmesh_ingest_submitted_total", "Documents submitted, by outcome.", ["outcome"])
+REJECTED = Counter("ragmesh_ingest_rejected_total", "Documents rejected at submission (invalid).")
 MAX_TITLE_CHARS = 1000
 MAX_METADATA_ENTRIES = 64
 MAX_METADATA_CHARS = 4096
-MAX_PROBLEMS_REPORTED = 10
 MAX_STATUS_IDS = 1000
 SUBMIT_CONCURRENCY = 32
 DEFAULT_LIST_LIMIT = 1000
@@ -80,6 +80,7 @@ ACCESS = {
     "GetDocumentStatus": Rule(READ, _collection),
     "GetCollectionStatus": Rule(READ, _collection),
     "ListCollections": Rule(READ),
+    "ListDocuments": Rule(READ, _collection),
     "ListDeadLetters": Rule(READ, _collection, all_when_empty=True),
     "ReplayDeadLetters": Rule(WRITE, _collection, all_when_empty=True),
     "ReindexCollection": Rule(WRITE, _collection),
@@ -193,53 +194,54 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         self, request: ingestion_pb2.IngestDocumentsRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.IngestDocumentsResponse:
         serving, *building = await self._generations(request.collection)
-        submissions = self._validate_documents(request)
-        results = await asyncio.gather(*(self._submit(serving, s) for s in submissions))
+        checked = self._validate_documents(request)
+        accepted = [item for item in checked if isinstance(item, Submission)]
+        submitted = await asyncio.gather(*(self._submit(serving, s) for s in accepted))
         for collection in building:
-            await asyncio.gather(*(self._submit(collection, s) for s in submissions))
+            await asyncio.gather(*(self._submit(collection, s) for s in accepted))
+        queue = iter(submitted)
+        # One result per document, in request order: rejected ones in place of their submission.
+        results = [item if isinstance(item, ingestion_pb2.SubmitResult) else next(queue) for item in checked]
         return ingestion_pb2.IngestDocumentsResponse(results=results)
 
-    def _validate_documents(self, request: ingestion_pb2.IngestDocumentsRequest) -> list[Submission]:
-        """All-or-nothing: every problem is collected and reported before anything is written."""
+    def _validate_documents(
+        self, request: ingestion_pb2.IngestDocumentsRequest
+    ) -> list[Submission | ingestion_pb2.SubmitResult]:
+        """Per document: a Submission for a valid one, a REJECTED result with its reason for
+        an invalid one (nothing of it is written). Only request-level problems raise."""
         docs = request.documents
         if not docs:
             raise invalid_argument("no documents in the request")
         limit = self.settings.ingest_max_documents_per_request
         if len(docs) > limit:
             raise resource_exhausted(f"{len(docs)} documents in one request, the limit is {limit}")
-        problems: list[str] = []
-        too_large: list[str] = []
         seen: set[str] = set()
-        submissions = []
-        for index, doc in enumerate(docs):
-            label = f"document {index} ({doc.doc_id[:80]!r})"
-            problem = doc_id_problem(doc.doc_id)
-            if problem is None and doc.doc_id in seen:
-                problem = "doc_id appears twice in the request"
-            seen.add(doc.doc_id)
-            if problem is None and len(doc.content) > self.settings.ingest_max_document_bytes:
-                too_large.append(
-                    f"{label}: {len(doc.content)} bytes, "
-                    f"the limit is {self.settings.ingest_max_document_bytes}"
-                )
-                continue
+        checked: list[Submission | ingestion_pb2.SubmitResult] = []
+        for doc in docs:
             fmt = doc.format or (detect_format(doc.source_uri or doc.doc_id, doc.content) or 0)
-            problem = problem or self._metadata_problem(doc) or self._content_problem(doc, fmt)
+            problem = self._document_problem(doc, fmt, seen)
+            seen.add(doc.doc_id)
             if problem:
-                problems.append(f"{label}: {problem}")
-                continue
-            submissions.append(Submission(doc, fmt, sha256_hex(doc.content)))
-        if too_large:
-            raise resource_exhausted(self._summarise(too_large))
-        if problems:
-            raise invalid_argument(self._summarise(problems))
-        return submissions
+                REJECTED.inc()
+                checked.append(
+                    ingestion_pb2.SubmitResult(
+                        doc_id=doc.doc_id, outcome=ingestion_pb2.SUBMIT_OUTCOME_REJECTED, reason=problem
+                    )
+                )
+            else:
+                checked.append(Submission(doc, fmt, sha256_hex(doc.content)))
+        return checked
 
-    @staticmethod
-    def _summarise(problems: list[str]) -> str:
-        shown = "; ".join(problems[:MAX_PROBLEMS_REPORTED])
-        more = len(problems) - MAX_PROBLEMS_REPORTED
-        return f"nothing was ingested: {shown}" + (f"; and {more} more" if more > 0 else "")
+    def _document_problem(self, doc: ingestion_pb2.Document, fmt: int, seen: set[str]) -> str | None:
+        problem = doc_id_problem(doc.doc_id)
+        if problem is None and doc.doc_id in seen:
+            problem = "doc_id appears twice in the request"
+        if problem is None and len(doc.content) > self.settings.ingest_max_document_bytes:
+            problem = (
+                f"document is too large: {len(doc.content)} bytes, "
+                f"the limit is {self.settings.ingest_max_document_bytes}"
+            )
+        return problem or self._metadata_problem(doc) or self._content_problem(doc, fmt)
 
     @staticmethod
     def _metadata_problem(doc: ingestion_pb2.Document) -> str | None:
@@ -449,6 +451,26 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         # A collection is listed once, whichever generations of it hold documents.
         names = sorted({split_physical(name)[0] for name in self.view.collections()})
         return ingestion_pb2.ListCollectionsResponse(collections=readable(names))
+
+    async def ListDocuments(
+        self, request: ingestion_pb2.ListDocumentsRequest, context: grpc.aio.ServicerContext
+    ) -> ingestion_pb2.ListDocumentsResponse:
+        # The serving generation's documents (after a reindex they live under C__g<n>).
+        collection = (await self._generations(request.collection))[0]
+        limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+        page, more = self.view.documents(collection, request.source_uri_prefix, request.after_doc_id, limit)
+        return ingestion_pb2.ListDocumentsResponse(
+            documents=[
+                ingestion_pb2.DocumentSummary(
+                    doc_id=status.doc_id,
+                    state=STATE_TO_PROTO.get(status.state, ingestion_pb2.DOCUMENT_STATE_UNSPECIFIED),
+                    source_uri=status.request.source_uri if status.request else "",
+                    content_sha256=status.indexed_sha256 or status.target_sha256,
+                )
+                for status in page
+            ],
+            next_after_doc_id=page[-1].doc_id if more and page else "",
+        )
 
     # --- dead letters -----------------------------------------------------------------------
 

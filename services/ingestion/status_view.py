@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from nats.js.kv import KeyValue
 
-from services.ingestion.lifecycle import INDEXED, STATES, DocStatus
+from services.ingestion.lifecycle import DELETED, INDEXED, STATES, DocStatus
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,25 @@ class StatusView:
     def statuses(self, collection: str) -> list[DocStatus]:
         """Every document status of ``collection`` as last seen."""
         return [status for _rev, status in self._docs.get(collection, {}).values()]
+
+    def documents(
+        self, collection: str, source_prefix: str, after_doc_id: str, limit: int
+    ) -> tuple[list[DocStatus], bool]:
+        """Up to ``limit`` documents of ``collection`` that are not deleted, whose latest
+        submission's source_uri starts with ``source_prefix``, with a doc id after
+        ``after_doc_id``, in doc id order; and whether more follow."""
+        docs = self._docs.get(collection, {})
+        matching = sorted(
+            (
+                status
+                for _rev, status in docs.values()
+                if status.doc_id > after_doc_id
+                and status.state != DELETED
+                and (status.request.source_uri if status.request else "").startswith(source_prefix)
+            ),
+            key=lambda status: status.doc_id,
+        )
+        return matching[:limit], len(matching) > limit
 
     def collections(self) -> list[str]:
         return sorted(name for name, docs in self._docs.items() if docs)

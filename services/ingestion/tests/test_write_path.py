@@ -23,7 +23,7 @@ from meshkit.ids import doc_key, sha256_hex
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion import lifecycle
 
-from .conftest import STATUS_BUCKET, Harness
+from .conftest import MD, STATUS_BUCKET, Harness
 
 INDEXED = ingestion_pb2.DOCUMENT_STATE_INDEXED
 FAILED = ingestion_pb2.DOCUMENT_STATE_FAILED
@@ -468,11 +468,77 @@ async def test_source_uri_title_and_metadata_reach_both_stores_with_the_chunk_te
     assert index.upserts[0].location.char_end > 0
 
     bad = ingestion_pb2.Document(doc_id="x.md", content=b"# x\n\ntext", metadata={"has space": "v"})
-    with pytest.raises(ServiceError) as caught:
-        await harness.api.IngestDocuments(
-            ingestion_pb2.IngestDocumentsRequest(collection="c", documents=[bad]), None
-        )
-    assert "may only hold letters" in str(caught.value)
+    reply = await harness.api.IngestDocuments(
+        ingestion_pb2.IngestDocumentsRequest(collection="c", documents=[bad]), None
+    )
+    assert reply.results[0].outcome == ingestion_pb2.SUBMIT_OUTCOME_REJECTED
+    assert "may only hold letters" in reply.results[0].reason
+
+
+async def test_a_bad_document_is_rejected_alone_and_the_good_ones_go_in(harness: Harness) -> None:
+    await harness.start_api(ingest_max_document_bytes=10_000)
+    await harness.start_worker()
+    docs = [
+        ingestion_pb2.Document(doc_id="good.md", format=MD, content=doc("alpha").encode()),
+        ingestion_pb2.Document(doc_id="empty.md", format=MD, content=b"  \n"),
+        ingestion_pb2.Document(doc_id="latin1.md", format=MD, content=b"caf\xe9"),
+        ingestion_pb2.Document(doc_id="huge.md", format=MD, content=b"x" * 10_001),
+        ingestion_pb2.Document(doc_id="good.md", format=MD, content=b"# twice"),
+        ingestion_pb2.Document(doc_id="stub.md", format=MD, content=b"# Just a title\n"),
+    ]
+    reply = await harness.api.IngestDocuments(
+        ingestion_pb2.IngestDocumentsRequest(collection="c", documents=docs), None
+    )
+    outcomes = [(r.doc_id, r.outcome) for r in reply.results]
+    assert outcomes == [
+        ("good.md", ingestion_pb2.SUBMIT_OUTCOME_QUEUED),
+        ("empty.md", ingestion_pb2.SUBMIT_OUTCOME_REJECTED),
+        ("latin1.md", ingestion_pb2.SUBMIT_OUTCOME_REJECTED),
+        ("huge.md", ingestion_pb2.SUBMIT_OUTCOME_REJECTED),
+        ("good.md", ingestion_pb2.SUBMIT_OUTCOME_REJECTED),
+        ("stub.md", ingestion_pb2.SUBMIT_OUTCOME_QUEUED),
+    ]
+    reasons = [r.reason for r in reply.results]
+    assert "empty" in reasons[1] and "UTF-8" in reasons[2] and "too large" in reasons[3]
+    assert "twice" in reasons[4] and not reasons[0]
+    await harness.wait_state("c", "good.md", INDEXED)
+    # A heading-only page is indexed as its title instead of failing with "no chunks".
+    await harness.wait_state("c", "stub.md", INDEXED)
+    assert harness.stores.index_service is not None
+    stub = harness.stores.index_service.replacements["stub.md"]
+    assert stub.source.title == "Just a title" and "Just a title" in stub.upserts[0].text
+    for doc_id in ("empty.md", "latin1.md", "huge.md"):
+        with pytest.raises(ServiceError, match="no such documents"):
+            await harness.status("c", doc_id)
+
+
+async def test_front_matter_metadata_reaches_both_stores_and_the_caller_wins(harness: Harness) -> None:
+    await harness.start_api()
+    await harness.start_worker()
+    page = (
+        "---\ntitle: Guide\ntags: [Alpha, beta]\nteam: platform\n---\n\nThe body #gamma, see [[Other|it]].\n"
+    )
+    document = ingestion_pb2.Document(
+        doc_id="fm.md",
+        format=ingestion_pb2.DOCUMENT_FORMAT_OBSIDIAN_MARKDOWN,
+        content=page.encode(),
+        metadata={"team": "docs"},
+    )
+    await harness.api.IngestDocuments(
+        ingestion_pb2.IngestDocumentsRequest(collection="c", documents=[document]), None
+    )
+    await harness.wait_state("c", "fm.md", INDEXED)
+    assert harness.stores.index_service is not None
+    for stores in (harness.stores.index_service, harness.stores.sparse_service):
+        source = stores.replacements["fm.md"].source
+        assert source.title == "Guide"
+        assert dict(source.metadata) == {
+            "team": "docs",
+            "tags": "alpha, beta, gamma",
+            "tag:alpha": "true",
+            "tag:beta": "true",
+            "tag:gamma": "true",
+        }
 
 
 async def test_new_metadata_on_unchanged_bytes_reaches_both_stores(harness: Harness) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -80,6 +81,7 @@ def test_the_cli_works_unchanged_on_a_secure_stack(
     indexed: dict[str, list[str]],
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     for name in [n for n in os.environ if n.startswith("RAGMESH_")]:
         monkeypatch.delenv(name)
@@ -92,6 +94,10 @@ def test_the_cli_works_unchanged_on_a_secure_stack(
         assert "limits.md" in capsys.readouterr().out
         assert main([*state, "status", "--collection", BETA, "--json"]) == 0  # ops reads every collection
         assert '"indexed": 1' in capsys.readouterr().out
+        # A sync's dry run lists the collection (ListDocuments) with the CLI's key over TLS.
+        (tmp_path / "new.md").write_text("# New\n\nA page.\n")
+        assert main([*state, "ingest", str(tmp_path), "--collection", ALPHA, "--sync", "--dry-run"]) == 0
+        assert "would add: 1\n  new.md" in capsys.readouterr().out
     finally:
         channels.use_state_dir(None)  # the CLI's profile is process-wide: leave none to later tests
 
@@ -219,6 +225,7 @@ async def test_tenant_a_reaches_nothing_of_collection_b(
                 ing.ListDeadLettersRequest(collection=BETA), timeout=10
             ),
             "ListDeadLetters(all)": api.ListDeadLetters(ing.ListDeadLettersRequest(), timeout=10),
+            "ListDocuments(beta)": api.ListDocuments(ing.ListDocumentsRequest(collection=BETA), timeout=10),
             "ReplayDeadLetters(beta)": api.ReplayDeadLetters(
                 ing.ReplayDeadLettersRequest(collection=BETA), timeout=10
             ),

@@ -17,12 +17,14 @@ class DocumentFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DOCUMENT_FORMAT_TEXT: _ClassVar[DocumentFormat]
     DOCUMENT_FORMAT_HTML: _ClassVar[DocumentFormat]
     DOCUMENT_FORMAT_PDF: _ClassVar[DocumentFormat]
+    DOCUMENT_FORMAT_OBSIDIAN_MARKDOWN: _ClassVar[DocumentFormat]
 
 class SubmitOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SUBMIT_OUTCOME_UNSPECIFIED: _ClassVar[SubmitOutcome]
     SUBMIT_OUTCOME_QUEUED: _ClassVar[SubmitOutcome]
     SUBMIT_OUTCOME_UNCHANGED: _ClassVar[SubmitOutcome]
+    SUBMIT_OUTCOME_REJECTED: _ClassVar[SubmitOutcome]
 
 class DocumentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -45,9 +47,11 @@ DOCUMENT_FORMAT_MARKDOWN: DocumentFormat
 DOCUMENT_FORMAT_TEXT: DocumentFormat
 DOCUMENT_FORMAT_HTML: DocumentFormat
 DOCUMENT_FORMAT_PDF: DocumentFormat
+DOCUMENT_FORMAT_OBSIDIAN_MARKDOWN: DocumentFormat
 SUBMIT_OUTCOME_UNSPECIFIED: SubmitOutcome
 SUBMIT_OUTCOME_QUEUED: SubmitOutcome
 SUBMIT_OUTCOME_UNCHANGED: SubmitOutcome
+SUBMIT_OUTCOME_REJECTED: SubmitOutcome
 DOCUMENT_STATE_UNSPECIFIED: DocumentState
 DOCUMENT_STATE_QUEUED: DocumentState
 DOCUMENT_STATE_PROCESSING: DocumentState
@@ -92,14 +96,16 @@ class IngestDocumentsRequest(_message.Message):
     def __init__(self, collection: _Optional[str] = ..., documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ...) -> None: ...
 
 class SubmitResult(_message.Message):
-    __slots__ = ("doc_id", "outcome", "content_sha256")
+    __slots__ = ("doc_id", "outcome", "content_sha256", "reason")
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     CONTENT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     outcome: SubmitOutcome
     content_sha256: str
-    def __init__(self, doc_id: _Optional[str] = ..., outcome: _Optional[_Union[SubmitOutcome, str]] = ..., content_sha256: _Optional[str] = ...) -> None: ...
+    reason: str
+    def __init__(self, doc_id: _Optional[str] = ..., outcome: _Optional[_Union[SubmitOutcome, str]] = ..., content_sha256: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class IngestDocumentsResponse(_message.Message):
     __slots__ = ("results",)
@@ -188,6 +194,38 @@ class ListCollectionsResponse(_message.Message):
     COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
     collections: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, collections: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListDocumentsRequest(_message.Message):
+    __slots__ = ("collection", "source_uri_prefix", "limit", "after_doc_id")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_URI_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AFTER_DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    source_uri_prefix: str
+    limit: int
+    after_doc_id: str
+    def __init__(self, collection: _Optional[str] = ..., source_uri_prefix: _Optional[str] = ..., limit: _Optional[int] = ..., after_doc_id: _Optional[str] = ...) -> None: ...
+
+class DocumentSummary(_message.Message):
+    __slots__ = ("doc_id", "state", "source_uri", "content_sha256")
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_URI_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    doc_id: str
+    state: DocumentState
+    source_uri: str
+    content_sha256: str
+    def __init__(self, doc_id: _Optional[str] = ..., state: _Optional[_Union[DocumentState, str]] = ..., source_uri: _Optional[str] = ..., content_sha256: _Optional[str] = ...) -> None: ...
+
+class ListDocumentsResponse(_message.Message):
+    __slots__ = ("documents", "next_after_doc_id")
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    documents: _containers.RepeatedCompositeFieldContainer[DocumentSummary]
+    next_after_doc_id: str
+    def __init__(self, documents: _Optional[_Iterable[_Union[DocumentSummary, _Mapping]]] = ..., next_after_doc_id: _Optional[str] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
     __slots__ = ("sequence", "collection", "doc_id", "reason", "attempts", "failed_at")

@@ -63,6 +63,11 @@ class IngestionServiceStub:
                 request_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListCollectionsRequest.SerializeToString,
                 response_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListCollectionsResponse.FromString,
                 _registered_method=True)
+        self.ListDocuments = channel.unary_unary(
+                '/ragmesh.ingestion.v1.IngestionService/ListDocuments',
+                request_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListDocumentsRequest.SerializeToString,
+                response_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListDocumentsResponse.FromString,
+                _registered_method=True)
         self.ListDeadLetters = channel.unary_unary(
                 '/ragmesh.ingestion.v1.IngestionService/ListDeadLetters',
                 request_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListDeadLettersRequest.SerializeToString,
@@ -88,8 +93,11 @@ class IngestionServiceServicer:
     """
 
     def IngestDocuments(self, request, context):
-        """Submit documents. All-or-nothing validation: if any document is invalid the call fails
-        (INVALID_ARGUMENT / RESOURCE_EXHAUSTED naming it) and nothing is stored or queued.
+        """Submit documents. Each document is validated on its own: a valid one is stored and
+        queued, an invalid one (empty, undecodable, too large, unknown format, bad id or metadata)
+        gets SUBMIT_OUTCOME_REJECTED with its reason and nothing of it is stored. The call itself
+        fails (INVALID_ARGUMENT / RESOURCE_EXHAUSTED) only for problems of the whole request: a
+        bad collection, no documents, too many documents.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -118,6 +126,14 @@ class IngestionServiceServicer:
 
     def ListCollections(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDocuments(self, request, context):
+        """The documents of a collection (not deleted ones) with their source, a page at a time in
+        doc id order: what `ragmesh ingest DIR --sync` compares a folder with.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -174,6 +190,11 @@ def add_IngestionServiceServicer_to_server(servicer, server):
                     servicer.ListCollections,
                     request_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListCollectionsRequest.FromString,
                     response_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListCollectionsResponse.SerializeToString,
+            ),
+            'ListDocuments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDocuments,
+                    request_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListDocumentsRequest.FromString,
+                    response_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListDocumentsResponse.SerializeToString,
             ),
             'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDeadLetters,
@@ -330,6 +351,33 @@ class IngestionService:
             '/ragmesh.ingestion.v1.IngestionService/ListCollections',
             ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListCollectionsRequest.SerializeToString,
             ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListCollectionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDocuments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragmesh.ingestion.v1.IngestionService/ListDocuments',
+            ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListDocumentsRequest.SerializeToString,
+            ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ListDocumentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
