@@ -31,7 +31,6 @@ SKIPPED_DIRS = {"gen", "_pb", ".venv", "node_modules", "build", "dist", "__pycac
 OVERSIZED = frozenset(
     {
         "libs/meshkit/evidence_text.py",
-        "services/index/store.py",
         "services/ingestion/chunking.py",
         "services/ingestion/lifecycle.py",
         "services/ingestion/pipeline.py",
