@@ -36,7 +36,6 @@ OVERSIZED = frozenset(
         "services/ingestion/pipeline.py",
         "services/ingestion/servicer.py",
         "services/ingestion/tests/test_write_path.py",
-        "services/sparse/collection.py",
     }
 )
 
