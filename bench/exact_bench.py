@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from meshkit.ids import chunk_id_for
-from services.sparse.collection import ChunkRecord, Collection, DocumentUpdate
+from services.sparse.collection import Collection
 from services.sparse.exact import Keyword, find_ripgrep, normalise_keywords, rank, ripgrep_counts
+from services.sparse.records import ChunkRecord, DocumentUpdate
 from services.sparse.servicer import exact_phrase
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "shared/bench/scifact/corpus.jsonl.gz"

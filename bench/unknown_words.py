@@ -20,7 +20,7 @@ from bench import qa
 from meshkit.answering import content_word_list
 from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.documents import WalkStats, read_corpus
-from services.sparse.collection import query_terms
+from services.sparse.schema import query_terms
 
 SCIFACT = Path("../shared/bench/scifact")
 THRESHOLDS = (0.01, 0.2)

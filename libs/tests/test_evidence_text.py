@@ -11,13 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit.evidence_text import (
-    HUGO_SHORTCODES,
-    evidence_sentences,
-    split_front_matter,
-    strip_html_comments,
-    strip_tags,
-)
+from meshkit.evidence_text import evidence_sentences
+from meshkit.front_matter import split_front_matter
+from meshkit.markup import HUGO_SHORTCODES, strip_html_comments, strip_tags
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 GRPC_DOCS = SHARED / "corpora" / "grpc-docs" / "docs"

@@ -24,9 +24,9 @@ from meshkit.settings import IndexSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from services.index import mutations as mut
+from services.index.records import StoredChunk
 from services.index.remote import SnapshotRemote
 from services.index.shard import IndexShard
-from services.index.store import StoredChunk
 
 SERVICE_NAME = index_pb2.DESCRIPTOR.services_by_name["IndexService"].full_name
 

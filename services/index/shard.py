@@ -29,10 +29,8 @@ from meshkit.replstore import Decoded, ReplicatedStore
 from meshkit.settings import IndexSettings
 from services.index import mutations as mut
 from services.index.metrics import UPLOADS
-from services.index.remote import SnapshotRemote
-from services.index.store import (
+from services.index.records import (
     IDENTITY_FILE,
-    CollectionIndex,
     CollectionStats,
     DocumentEntry,
     Hit,
@@ -40,6 +38,8 @@ from services.index.store import (
     ReplaceResult,
     StoredChunk,
 )
+from services.index.remote import SnapshotRemote
+from services.index.store import CollectionIndex
 
 log = logging.getLogger(__name__)
 

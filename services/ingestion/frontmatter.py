@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from meshkit.evidence_text import FrontMatter
+from meshkit.front_matter import FrontMatter
 from meshkit.metadata import MAX_KEY_CHARS, MAX_METADATA_ENTRIES, key_problem
 
 # A front matter block larger than this is not parsed (kept as body): page metadata is small.

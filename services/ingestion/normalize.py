@@ -20,8 +20,10 @@ from bs4.exceptions import ParserRejectedMarkup
 from markdownify import ATX, MarkdownConverter
 from pdfminer.pdftypes import resolve1
 
-from meshkit.evidence_text import HUGO_SHORTCODES, heading_text, split_front_matter, strip_tags
 from meshkit.formats import detect_format as detect_format  # re-exported: the service imports it here
+from meshkit.front_matter import split_front_matter
+from meshkit.markdown_blocks import heading_text
+from meshkit.markup import HUGO_SHORTCODES, strip_tags
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.frontmatter import parse_front_matter, tag_metadata
 from services.ingestion.vault import resolve_vault_markdown

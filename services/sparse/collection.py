@@ -15,322 +15,47 @@ Fences: as in the index (services/index/store.py): a replacement with a lower fe
 document's is refused and changes nothing, an equal one is applied again, 0 is unfenced.
 
 Everything here is blocking; the servicer calls it from threads.
+
+Beside it: records.py (the values it takes and gives back), schema.py (tantivy schema, analyzers,
+records to documents), state.py (the SQLite state), chunk_files.py (the files ripgrep scans),
+deadlines.py (the caller's deadline in the exact leg).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import re
-import sqlite3
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import tantivy
 from tantivy import Occur, Query
 
 from meshkit.answering import content_word_list
-from meshkit.metadata import Clause, MetadataIndex
+from services.sparse.chunk_files import ChunkFiles
+from services.sparse.deadlines import check_deadline
+from services.sparse.records import (
+    ChunkRecord,
+    DocumentEntry,
+    DocumentSourceInfo,
+    DocumentUpdate,
+    Hit,
+    ReplaceResult,
+)
+from services.sparse.schema import (
+    EXACT_TOKENIZER,
+    SCHEMA,
+    exact_analyzer,
+    exact_tokens,
+    query_terms,
+    stored_value,
+    to_document,
+    to_record,
+)
+from services.sparse.state import STATE_FILE, CollectionState
 
 log = logging.getLogger(__name__)
-
-EXACT_TOKENIZER = "ragmesh_exact"
-STATE_FILE = "state.sqlite"
-# Tokens longer than this are dropped by the exact analyzer; long identifiers (hashes, paths)
-# are exactly what the exact leg exists for, so the limit is far above en_stem's 40.
-_EXACT_MAX_TOKEN_CHARS = 255
-_WHITESPACE_RE = re.compile(r"\s+")
-
-
-def _build_schema() -> tantivy.Schema:
-    sb = tantivy.SchemaBuilder()
-    # raw: ids are matched whole, never split on '-' or '.'; basic: no positions needed.
-    sb.add_text_field("chunk_id", stored=True, tokenizer_name="raw", index_option="basic")
-    sb.add_text_field("doc_id", stored=True, tokenizer_name="raw", index_option="basic")
-    sb.add_text_field("title", stored=True, tokenizer_name="en_stem")
-    sb.add_text_field("body", stored=True, tokenizer_name="en_stem")
-    # Not stored (title/body already are): the exact leg's phrase mode searches it.
-    sb.add_text_field("exact", stored=False, tokenizer_name=EXACT_TOKENIZER)
-    sb.add_bytes_field("location", stored=True, indexed=False)
-    return sb.build()
-
-
-SCHEMA = _build_schema()
-
-
-def _bm25_analyzer() -> tantivy.TextAnalyzer:
-    # Same pipeline as tantivy's built-in en_stem, so query terms equal indexed terms.
-    return (
-        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
-        .filter(tantivy.Filter.remove_long(40))
-        .filter(tantivy.Filter.lowercase())
-        .filter(tantivy.Filter.stemmer("english"))
-        .build()
-    )
-
-
-def exact_analyzer() -> tantivy.TextAnalyzer:
-    return (
-        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
-        .filter(tantivy.Filter.remove_long(_EXACT_MAX_TOKEN_CHARS))
-        .filter(tantivy.Filter.lowercase())
-        .build()
-    )
-
-
-_BM25_ANALYZER = _bm25_analyzer()
-_EXACT_ANALYZER = exact_analyzer()
-
-
-def query_terms(query: str) -> list[str]:
-    """The distinct stemmed terms of a free-text query. Building the query from terms (instead
-    of tantivy's query parser) means no user input can be a syntax error."""
-    return list(dict.fromkeys(_BM25_ANALYZER.analyze(query)))
-
-
-def exact_tokens(text: str) -> list[str]:
-    return list(_EXACT_ANALYZER.analyze(text))
-
-
-def one_line(text: str) -> str:
-    """Whitespace runs to one space: keywords and file lines compare the same way, and a phrase
-    broken across lines in the source still matches."""
-    return _WHITESPACE_RE.sub(" ", text).strip()
-
-
-@dataclass(frozen=True)
-class ChunkRecord:
-    chunk_id: str
-    doc_id: str
-    title: str
-    text: str
-    # Serialised ragmesh.common.v1.ChunkLocation: kept opaque so this layer needs no protos.
-    location: bytes = b""
-
-
-@dataclass(frozen=True)
-class DocumentSourceInfo:
-    source_uri: str = ""
-    metadata: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class DocumentUpdate:
-    doc_id: str
-    upserts: Sequence[ChunkRecord]
-    keep_chunk_ids: Sequence[str]
-    # The writer's fencing token (0: unfenced).
-    fence: int = 0
-    # The document's source URI and metadata (None: keep what is stored).
-    source: DocumentSourceInfo | None = None
-
-
-@dataclass(frozen=True)
-class ReplaceResult:
-    upserted: int
-    removed: int
-    missing_chunk_ids: list[str]
-    stale_doc_ids: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class DocumentEntry:
-    doc_id: str
-    fence: int
-    chunk_ids: list[str]
-
-
-class CollectionState:
-    """Fences (tombstones included) and the log position of one collection, in SQLite next to
-    its index: every change is one transaction, fsynced."""
-
-    def __init__(self, path: Path) -> None:
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS fences (doc_id TEXT PRIMARY KEY, fence INTEGER NOT NULL)"
-        )
-        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        # Absent in state written before sources existed: created empty.
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS sources "
-            "(doc_id TEXT PRIMARY KEY, uri TEXT NOT NULL, metadata TEXT NOT NULL)"
-        )
-        self.fences: dict[str, int] = dict(self._db.execute("SELECT doc_id, fence FROM fences").fetchall())
-        # Searches read the sources from other threads while a write changes them.
-        self._sources_lock = threading.Lock()
-        self.sources: dict[str, DocumentSourceInfo] = {}
-        self.metadata = MetadataIndex()
-        for doc_id, uri, raw in self._db.execute("SELECT doc_id, uri, metadata FROM sources").fetchall():
-            self._put_source(doc_id, DocumentSourceInfo(uri, tuple(sorted(json.loads(raw).items()))))
-        meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
-        self.log_pos = int(meta.get("log_pos", "0"))
-        self.log_id = str(meta.get("log", ""))
-
-    def record(
-        self,
-        fences: dict[str, int],
-        log_pos: int,
-        sources: Mapping[str, DocumentSourceInfo] | None = None,
-        dropped: Iterable[str] = (),
-    ) -> None:
-        sources = sources or {}
-        dropped = [d for d in dropped if d in self.sources]
-        if not fences and log_pos <= self.log_pos and not sources and not dropped:
-            return
-        with self._transaction():
-            self._db.executemany(
-                "INSERT OR REPLACE INTO sources (doc_id, uri, metadata) VALUES (?, ?, ?)",
-                [(d, s.source_uri, json.dumps(dict(s.metadata))) for d, s in sources.items()],
-            )
-            self._db.executemany("DELETE FROM sources WHERE doc_id = ?", [(d,) for d in dropped])
-            self._db.executemany(
-                "INSERT INTO fences (doc_id, fence) VALUES (?, ?) "
-                "ON CONFLICT(doc_id) DO UPDATE SET fence = excluded.fence",
-                list(fences.items()),
-            )
-            if log_pos > self.log_pos:
-                self._db.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('log_pos', ?)", (str(log_pos),)
-                )
-        self.fences.update(fences)
-        self.log_pos = max(self.log_pos, log_pos)
-        with self._sources_lock:
-            for doc_id in dropped:
-                self.sources.pop(doc_id, None)
-                self.metadata.remove(doc_id)
-            for doc_id, source in sources.items():
-                self._put_source(doc_id, source)
-
-    def _put_source(self, doc_id: str, source: DocumentSourceInfo) -> None:
-        self.sources[doc_id] = source
-        self.metadata.put(doc_id, dict(source.metadata))
-
-    def source(self, doc_id: str) -> DocumentSourceInfo:
-        with self._sources_lock:
-            return self.sources.get(doc_id, DocumentSourceInfo())
-
-    def matching(self, clauses: Sequence[Clause], doc_ids: Sequence[str]) -> list[str]:
-        """The documents (of ``doc_ids`` when given) whose metadata satisfies every clause."""
-        with self._sources_lock:
-            universe = set(doc_ids) if doc_ids else self.sources.keys()
-            return sorted(self.metadata.matching(clauses, universe))
-
-    def set_log(self, log_id: str, log_pos: int) -> None:
-        with self._transaction():
-            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('log', ?)", (log_id,))
-            self._db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('log_pos', ?)", (str(log_pos),)
-            )
-        self.log_id, self.log_pos = log_id, log_pos
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
-
-    def backup_to(self, path: Path) -> None:
-        target = sqlite3.connect(str(path))
-        try:
-            self._db.backup(target)
-        finally:
-            target.close()
-
-    def close(self) -> None:
-        self._db.close()
-
-
-@dataclass(frozen=True)
-class Hit:
-    chunk_id: str
-    doc_id: str
-    score: float
-    matched_keywords: tuple[str, ...] = field(default=())
-
-
-class ChunkFiles:
-    """Chunk text as ``<dir>/<2 hex>/<chunk_id>.txt``: line 1 the title, line 2 the body."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def path(self, chunk_id: str) -> Path:
-        return self.root / chunk_id[:2] / f"{chunk_id}.txt"
-
-    @staticmethod
-    def render(record: ChunkRecord) -> str:
-        # NUL would make ripgrep treat the file as binary and skip it.
-        return f"{one_line(record.title)}\n{one_line(record.text)}\n".replace("\x00", " ")
-
-    def write(self, records: Iterable[ChunkRecord]) -> None:
-        for record in records:
-            target = self.path(record.chunk_id)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            # Dot-prefixed: ripgrep skips hidden files, so a half-written tmp is never scanned.
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            tmp.write_text(self.render(record), encoding="utf-8")
-            os.replace(tmp, target)
-
-    def remove(self, chunk_ids: Iterable[str]) -> None:
-        for chunk_id in chunk_ids:
-            with contextlib.suppress(FileNotFoundError):
-                self.path(chunk_id).unlink()
-
-    def chunk_ids(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return [p.stem for p in self.root.glob("*/*.txt")]
-
-
-def _first(doc: tantivy.Document, name: str) -> Any:
-    return doc.get_first(name)
-
-
-def _to_record(doc: tantivy.Document) -> ChunkRecord:
-    location = _first(doc, "location")
-    return ChunkRecord(
-        chunk_id=_first(doc, "chunk_id"),
-        doc_id=_first(doc, "doc_id"),
-        title=_first(doc, "title") or "",
-        text=_first(doc, "body") or "",
-        location=bytes(location) if location is not None else b"",
-    )
-
-
-def _to_document(record: ChunkRecord) -> tantivy.Document:
-    doc = tantivy.Document()
-    doc.add_text("chunk_id", record.chunk_id)
-    doc.add_text("doc_id", record.doc_id)
-    doc.add_text("title", record.title)
-    doc.add_text("body", record.text)
-    # Two values, as the ripgrep file has two lines; the phrase counter treats them apart too.
-    doc.add_text("exact", record.title)
-    doc.add_text("exact", record.text)
-    doc.add_bytes("location", record.location)
-    return doc
-
-
-class DeadlinePassed(Exception):
-    """The caller's deadline passed while the exact leg was still working."""
-
-
-def check_deadline(deadline: float | None) -> None:
-    """Raise DeadlinePassed once ``deadline`` (time.monotonic) has passed: the exact leg runs
-    in a thread, which cannot be cancelled, so its loops check this instead."""
-    if deadline is not None and time.monotonic() >= deadline:
-        raise DeadlinePassed("the exact search ran out of time (the caller's deadline)")
 
 
 def _doc_freq(searcher: tantivy.Searcher, term: str) -> int:
@@ -476,7 +201,7 @@ class Collection:
             for chunk_id in deletes:
                 writer.delete_documents_by_term("chunk_id", chunk_id)
             for record in adds:
-                writer.add_document(_to_document(record))
+                writer.add_document(to_document(record))
             writer.commit()
         except BaseException:
             self._discard_pending(writer)
@@ -545,7 +270,7 @@ class Collection:
             if not total:
                 return 0
             hits = searcher.search(Query.all_query(), limit=total, count=False).hits
-            self.files.write(_to_record(searcher.doc(address)) for _score, address in hits)
+            self.files.write(to_record(searcher.doc(address)) for _score, address in hits)
             return total
 
     # --- reads ---
@@ -565,7 +290,7 @@ class Collection:
         hits = []
         for score, address in result.hits:
             doc = searcher.doc(address)
-            hits.append(Hit(_first(doc, "chunk_id"), _first(doc, "doc_id"), float(score)))
+            hits.append(Hit(stored_value(doc, "chunk_id"), stored_value(doc, "doc_id"), float(score)))
         return hits
 
     def unknown_words(self, query: str, limit: int) -> list[str]:
@@ -628,7 +353,7 @@ class Collection:
         records = []
         for _score, address in hits:
             check_deadline(deadline)
-            records.append(_to_record(searcher.doc(address)))
+            records.append(to_record(searcher.doc(address)))
         return records
 
     def live_documents(self, chunk_ids: Iterable[str], doc_ids: Sequence[str]) -> dict[str, str]:
@@ -647,7 +372,7 @@ class Collection:
         query = Query.term_set_query(SCHEMA, "chunk_id", ids)
         found = {
             r.chunk_id: r
-            for r in (_to_record(searcher.doc(a)) for _s, a in searcher.search(query, limit=len(ids)).hits)
+            for r in (to_record(searcher.doc(a)) for _s, a in searcher.search(query, limit=len(ids)).hits)
         }
         return [found[cid] for cid in ids if cid in found]
 
@@ -684,7 +409,7 @@ class Collection:
         result: dict[str, str] = {}
         for _score, address in searcher.search(query, limit=len(ids), count=False).hits:
             doc = searcher.doc(address)
-            result[_first(doc, "chunk_id")] = _first(doc, "doc_id")
+            result[stored_value(doc, "chunk_id")] = stored_value(doc, "doc_id")
         return result
 
     def _chunks_of_documents(self, searcher: tantivy.Searcher, doc_ids: Sequence[str]) -> dict[str, str]:
@@ -694,5 +419,5 @@ class Collection:
         result: dict[str, str] = {}
         for _score, address in _all_matching(searcher, query):
             doc = searcher.doc(address)
-            result[_first(doc, "chunk_id")] = _first(doc, "doc_id")
+            result[stored_value(doc, "chunk_id")] = stored_value(doc, "doc_id")
         return result

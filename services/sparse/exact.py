@@ -27,7 +27,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.sparse.collection import ChunkRecord, Hit, check_deadline, exact_tokens, one_line
+from services.sparse.deadlines import check_deadline
+from services.sparse.records import ChunkRecord, Hit
+from services.sparse.schema import exact_tokens, one_line
 
 log = logging.getLogger(__name__)
 

@@ -20,14 +20,8 @@ from meshkit.settings import SparseSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.sparse import metrics
-from services.sparse.collection import (
-    ChunkRecord,
-    Collection,
-    DeadlinePassed,
-    DocumentSourceInfo,
-    DocumentUpdate,
-    Hit,
-)
+from services.sparse.collection import Collection
+from services.sparse.deadlines import DeadlinePassed
 from services.sparse.exact import (
     Keyword,
     RipgrepTimeout,
@@ -37,6 +31,7 @@ from services.sparse.exact import (
     rank,
     ripgrep_counts,
 )
+from services.sparse.records import ChunkRecord, DocumentSourceInfo, DocumentUpdate, Hit
 from services.sparse.store import SparseRemote, SparseStore, source_info
 
 MAX_KEYWORD_CHARS = 200

@@ -28,14 +28,9 @@ from meshkit.replstore import Decoded, ReplicatedStore
 from meshkit.settings import SparseSettings
 from ragmesh.sparse.v1 import sparse_pb2
 from services.sparse import metrics
-from services.sparse.collection import (
-    STATE_FILE,
-    ChunkRecord,
-    Collection,
-    DocumentSourceInfo,
-    DocumentUpdate,
-    ReplaceResult,
-)
+from services.sparse.collection import Collection
+from services.sparse.records import ChunkRecord, DocumentSourceInfo, DocumentUpdate, ReplaceResult
+from services.sparse.state import STATE_FILE
 
 log = logging.getLogger(__name__)
 

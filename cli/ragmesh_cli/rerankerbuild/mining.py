@@ -29,7 +29,8 @@ from ragmesh_cli.documents import WalkStats, read_corpus
 from services.embedder.model import EmbeddingModel, TextKind
 from services.ingestion.chunking import Chunker
 from services.ingestion.normalize import normalize
-from services.sparse.collection import ChunkRecord, Collection, DocumentUpdate
+from services.sparse.collection import Collection
+from services.sparse.records import ChunkRecord, DocumentUpdate
 
 log = logging.getLogger("ragmesh.rerankerbuild")
 

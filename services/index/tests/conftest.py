@@ -7,7 +7,8 @@ import pytest
 
 from meshkit.ids import chunk_id_for, shard_of
 from services.index.mutations import ChunkBatch, Replacement
-from services.index.store import CollectionIndex, IndexPolicy
+from services.index.records import IndexPolicy
+from services.index.store import CollectionIndex
 
 COLLECTION = "docs"
 DIM = 16

@@ -8,7 +8,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit.evidence_text import split_front_matter
+from meshkit.front_matter import split_front_matter
 from meshkit.metadata import metadata_problem
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.frontmatter import (

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from meshkit.ids import chunk_id_for
-from services.sparse.collection import ChunkRecord, Collection, DocumentUpdate
+from services.sparse.collection import Collection
+from services.sparse.records import ChunkRecord, DocumentUpdate
 
 COLLECTION = "test"
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import tantivy
 
-from services.sparse.collection import SCHEMA, Collection, DocumentUpdate
+from services.sparse.collection import Collection
+from services.sparse.records import DocumentUpdate
+from services.sparse.schema import SCHEMA
 
 from .conftest import COLLECTION, chunk, open_collection, put
 
@@ -156,13 +158,13 @@ def test_crash_before_commit_keeps_committed_state(tmp_path: Path) -> None:
         import os
         from pathlib import Path
         from services.sparse.tests.conftest import open_collection, chunk
-        from services.sparse.collection import _to_document
+        from services.sparse.schema import to_document
         c = open_collection(Path({str(tmp_path)!r}))
         cats = chunk("animals/cats", "Cats sleep.", "Cats")
         c.files.write([cats])
         w = c._writer_or_open()
         w.delete_documents_by_term("chunk_id", {DOGS.chunk_id!r})
-        w.add_document(_to_document(cats))
+        w.add_document(to_document(cats))
         os._exit(0)
         """
     )

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.sparse.collection import Collection, Hit
+from services.sparse.collection import Collection
 from services.sparse.exact import find_ripgrep, normalise_keywords, rank, ripgrep_counts
+from services.sparse.records import Hit
 from services.sparse.servicer import exact_phrase
 
 from .conftest import chunk, put

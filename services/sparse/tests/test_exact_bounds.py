@@ -26,8 +26,8 @@ from ragmesh.sparse.v1 import sparse_pb2 as pb
 from ragmesh.sparse.v1 import sparse_pb2_grpc
 from services.sparse import collection as collection_module
 from services.sparse import exact
-from services.sparse.collection import ChunkRecord
 from services.sparse.exact import Keyword, count_phrases
+from services.sparse.records import ChunkRecord
 from services.sparse.servicer import build_spec
 
 COLLECTION = "bounds"
@@ -105,7 +105,7 @@ def search(keywords: list[str], top_k: int = 10) -> pb.SearchExactRequest:
 async def test_a_stopword_reads_a_bounded_number_of_chunks(
     seeded_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loaded = counting(monkeypatch, collection_module, "_to_record")
+    loaded = counting(monkeypatch, collection_module, "to_record")
     async for stub in serve(seeded_root, "phrase", sparse_exact_max_candidates=BOUND):
         reply = await stub.SearchExact(search(["the", "zyxwvut"]), timeout=30)
     assert len(loaded) <= BOUND

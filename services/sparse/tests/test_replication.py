@@ -19,7 +19,8 @@ from meshkit.server import RunningService, start_service
 from meshkit.settings import SparseSettings
 from ragmesh.sparse.v1 import sparse_pb2 as pb
 from ragmesh.sparse.v1 import sparse_pb2_grpc
-from services.sparse.collection import Collection, DocumentUpdate
+from services.sparse.collection import Collection
+from services.sparse.records import DocumentUpdate
 from services.sparse.servicer import build_spec
 from services.sparse.store import SparseStore, _pack, _unpack
 

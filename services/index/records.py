@@ -1,0 +1,109 @@
+"""The values a collection index takes and gives back: its policy (dimension, index type, ANN
+parameters), search hits, stored chunks, write and listing results, statistics and snapshot
+outcomes, the on-disk identity file, and how a chunk id maps to its FAISS id."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from meshkit.fsutil import fsync_dir, write_atomic
+from services.index import mutations as mut
+from services.index.backends import BackendConfig
+
+IndexType = Literal["auto", "flat", "ivf", "hnsw"]
+IDENTITY_FILE = "collection.json"
+# Hex chars of a chunk id that make its FAISS id: 60 bits, so it is always a positive int64.
+_FAISS_ID_HEX = 15
+
+
+def faiss_id(chunk_id: str) -> int:
+    return int(chunk_id[:_FAISS_ID_HEX], 16)
+
+
+class CollectionMismatch(RuntimeError):
+    """Data on disk belongs to another layout (dimension, shard count, collection)."""
+
+
+def check_identity(directory: Path, identity: dict[str, object]) -> None:
+    """Record the layout (collection, dimension, shard, shard count) a collection directory
+    holds when it is new; refuse a directory that holds another one."""
+    path = directory / IDENTITY_FILE
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if stored != identity:
+            raise CollectionMismatch(
+                f"{directory} holds {stored}, this process is configured for {identity}: "
+                "refusing to mix layouts (reshard or re-index into a fresh data dir)"
+            )
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(identity).encode())
+    fsync_dir(directory.parent)
+
+
+@dataclass(frozen=True)
+class IndexPolicy:
+    dimension: int
+    index_type: IndexType = "auto"
+    ann_threshold: int = 50_000
+    ivf_nprobe: int = 16
+    hnsw_m: int = 32
+    hnsw_ef_search: int = 128
+
+    def backend_config(self) -> BackendConfig:
+        return BackendConfig(self.dimension, self.ivf_nprobe, self.hnsw_m, self.hnsw_ef_search)
+
+
+@dataclass(frozen=True)
+class Hit:
+    chunk_id: str
+    doc_id: str
+    score: float
+
+
+@dataclass(frozen=True)
+class StoredChunk:
+    chunk_id: str
+    doc_id: str
+    payload: mut.Payload
+    source: mut.Source
+
+
+@dataclass(frozen=True)
+class ReplaceResult:
+    upserted: int
+    removed: int
+    missing_chunk_ids: list[str]
+    stale_doc_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DocumentEntry:
+    doc_id: str
+    fence: int
+    chunk_ids: list[str]
+
+
+@dataclass(frozen=True)
+class CollectionStats:
+    chunks: int
+    documents: int
+    index_type: str
+    dimension: int
+    sequence: int
+    snapshot_sequence: int
+    log_position: int = 0
+
+    @property
+    def pending_wal_records(self) -> int:
+        return self.sequence - self.snapshot_sequence
+
+
+@dataclass(frozen=True)
+class SnapshotOutcome:
+    sequence: int
+    directory: Path | None
+    written: bool
