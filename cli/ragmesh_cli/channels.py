@@ -119,8 +119,14 @@ def gateway_client(address: str, ingestion: str | None = None, *, key: str | Non
     "": none)."""
     key, tls = api_key() if key is None else key, client_tls()
     return AsyncClient(
-        address,
+        address or None,
         ingestion=ingestion,
         api_key=key or None,
         tls=None if tls is None else TLS(tls.ca_file, tls.cert_file, tls.key_file, tls.server_name),
     )
+
+
+def ingestion_client(address: str, *, key: str | None = None) -> AsyncClient:
+    """A ragmesh_client for the ingestion API at ``address`` only (its gateway channel, opened on
+    first use, is never used)."""
+    return gateway_client("", address, key=key)

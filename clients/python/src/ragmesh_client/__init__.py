@@ -1,5 +1,5 @@
 """ragmesh-client: typed sync and asyncio clients for the ragmesh gateway (search, ask, streamed
-ask) and ingestion API (ingest, status, delete, dead letters), with deadlines on every call,
+ask) and ingestion API (ingest, status, listing, delete, dead letters, reindex), with deadlines on every call,
 retries only for safe reads, API keys and TLS.
 
     from ragmesh_client import Client
@@ -12,6 +12,7 @@ from ragmesh_client.client import Client
 from ragmesh_client.config import TLS, ClientConfig, RetryPolicy, Timeouts
 from ragmesh_client.errors import (
     DeadlineExceededError,
+    DocumentsRejectedError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -33,7 +34,10 @@ from ragmesh_client.types import (
     Degradation,
     Document,
     DocumentStatus,
+    DocumentSummary,
+    IngestResult,
     Location,
+    ReindexProgress,
     ReplayResult,
     SearchResponse,
     SearchResult,
@@ -59,12 +63,16 @@ __all__ = [
     "Degradation",
     "Document",
     "DocumentStatus",
+    "DocumentSummary",
+    "DocumentsRejectedError",
     "FailedPreconditionError",
+    "IngestResult",
     "InvalidArgumentError",
     "Location",
     "NotFoundError",
     "PermissionDeniedError",
     "RagmeshError",
+    "ReindexProgress",
     "ReplayResult",
     "ResourceExhaustedError",
     "RetryPolicy",

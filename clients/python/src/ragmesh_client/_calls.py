@@ -3,6 +3,7 @@ reply. The sync and asyncio clients only differ in how they run a ``Call``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,20 +16,27 @@ from ragmesh_client import _convert
 from ragmesh_client._pb.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh_client._pb.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_client.config import TLS, ClientConfig, RetryPolicy, Timeouts, grpc_target
-from ragmesh_client.errors import degraded_error
+from ragmesh_client.errors import DocumentsRejectedError, RagmeshError, degraded_error
 from ragmesh_client.types import (
     Answer,
     CollectionStatus,
     DeadLetterPage,
     Document,
     DocumentStatus,
+    DocumentSummary,
+    IngestResult,
+    ReindexProgress,
     ReplayResult,
     SearchResponse,
-    Submitted,
 )
 
 T = TypeVar("T")
 GATEWAY, INGESTION = "gateway", "ingestion"
+# What ingest does with rejected documents: return them in the result (report), raise
+# DocumentsRejectedError when any was rejected (raise) or when none was accepted.
+ON_REJECTED = ("report", "raise", "raise_if_none_accepted")
+# The most documents one ListDocuments page may ask for (the API's own limit).
+MAX_PAGE = 10_000
 
 
 @dataclass(frozen=True)
@@ -188,19 +196,29 @@ class CallBuilder:
     # ------------------------------------------------------------------ ingestion
 
     def _ingest(
-        self, collection: str, documents: Iterable[Document], timeout: float | None
-    ) -> Call[tuple[Submitted, ...]]:
+        self, collection: str, documents: Iterable[Document], timeout: float | None, on_rejected: str
+    ) -> Call[IngestResult]:
+        if on_rejected not in ON_REJECTED:
+            raise ValueError(f"on_rejected must be one of {', '.join(ON_REJECTED)}, not {on_rejected!r}")
         request = ingestion_pb2.IngestDocumentsRequest(
             collection=collection, documents=[_convert.document_message(d) for d in documents]
         )
         if not request.documents:
             raise ValueError("no documents to ingest")
+
+        def read(reply: Any, request_id: str) -> IngestResult:
+            result = _convert.submitted(reply)
+            refused = result.rejected and (on_rejected == "raise" or not result.accepted)
+            if refused and on_rejected != "report":
+                raise DocumentsRejectedError(result, request_id)
+            return result
+
         return Call(
             INGESTION,
             "IngestDocuments",
             request,
             self._timeout(timeout, self.config.timeouts.ingest),
-            lambda reply, _rid: _convert.submitted(reply),
+            read,
         )
 
     @staticmethod
@@ -245,6 +263,34 @@ class CallBuilder:
             lambda reply, _rid: int(reply.queued),
         )
 
+    def _list_documents(
+        self, collection: str, source_prefix: str, page_size: int, after: str, timeout: float | None
+    ) -> Call[tuple[tuple[DocumentSummary, ...], str]]:
+        """One page of ListDocuments: the documents and the cursor of the next page ("" at the end)."""
+        if not 1 <= page_size <= MAX_PAGE:
+            raise ValueError(f"page_size must be 1..{MAX_PAGE}, not {page_size}")
+        return Call(
+            INGESTION,
+            "ListDocuments",
+            ingestion_pb2.ListDocumentsRequest(
+                collection=collection, source_uri_prefix=source_prefix, limit=page_size, after_doc_id=after
+            ),
+            self._timeout(timeout, self.config.timeouts.other),
+            lambda reply, _rid: (
+                tuple(_convert.document_summary(d) for d in reply.documents),
+                reply.next_after_doc_id,
+            ),
+        )
+
+    def _reindex_step(self, collection: str, start: bool, timeout: float | None) -> Call[ReindexProgress]:
+        return Call(
+            INGESTION,
+            "ReindexCollection",
+            ingestion_pb2.ReindexCollectionRequest(collection=collection, start=start),
+            self._timeout(timeout, self.config.timeouts.other),
+            lambda reply, _rid: _convert.reindex_progress(reply),
+        )
+
     def _dead_letters(
         self, collection: str, limit: int, after_sequence: int, timeout: float | None
     ) -> Call[DeadLetterPage]:
@@ -275,3 +321,20 @@ class CallBuilder:
 def finished(statuses: Iterable[DocumentStatus]) -> bool:
     """Every document reached a final state (indexed, failed or deleted)."""
     return all(s.state in ("indexed", "failed", "deleted") for s in statuses)
+
+
+# A reindex step that failed on the way (the API restarting, NATS failing over, a step slower
+# than its deadline) is tried again this long by ``reindex``: the step is idempotent and the
+# reindex's state lives in the collection record, not in the caller.
+TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def reindex_deadline(timeout: float | None, started: float) -> float | None:
+    if timeout is not None and not timeout > 0:
+        raise ValueError("timeout must be > 0 seconds (None: wait until done)")
+    return None if timeout is None else started + timeout
+
+
+def transient(exc: RagmeshError, retry_until: float) -> bool:
+    """A reindex step's failure worth another try: on the way (see TRANSIENT), within the window."""
+    return exc.code in TRANSIENT and time.monotonic() < retry_until
