@@ -163,3 +163,23 @@ async def test_async_list_documents_and_reindex(mesh: FakeMesh) -> None:
         assert final.done and phases[-2:] == ["retiring", "done"]
         result = await c.ingest("docs", [GOOD, EMPTY])
         assert [s.reason for s in result.rejected] == ["empty document"]
+
+
+# ---------------------------------------------------------------------------- filters
+
+
+def test_every_filter_operator_of_the_contract_can_be_expressed() -> None:
+    from ragmesh_client import EXISTS, Not
+    from ragmesh_client._convert import search_request
+    from ragmesh_client._pb.common.v1 import common_pb2
+
+    request = search_request(
+        "docs", "q", filter={"team": "ops", "tag": ["a", "b"], "status": Not("draft"), "weight": EXISTS}
+    )
+    clauses = [(c.key, c.op, list(c.values)) for c in request.filter.clauses]
+    assert clauses == [
+        ("team", common_pb2.FILTER_OP_EQ, ["ops"]),
+        ("tag", common_pb2.FILTER_OP_IN, ["a", "b"]),
+        ("status", common_pb2.FILTER_OP_NE, ["draft"]),
+        ("weight", common_pb2.FILTER_OP_EXISTS, []),
+    ]

@@ -7,6 +7,7 @@ retries only for safe reads, API keys and TLS.
         print(rm.ask("default", "How do I rotate an API key?").text)
 """
 
+from ragmesh_client._convert import Filter
 from ragmesh_client.aio import AsyncClient
 from ragmesh_client.client import Client
 from ragmesh_client.config import TLS, ClientConfig, RetryPolicy, Timeouts
@@ -23,6 +24,7 @@ from ragmesh_client.errors import (
     UnavailableError,
 )
 from ragmesh_client.types import (
+    EXISTS,
     Answer,
     AskDelta,
     AskEvent,
@@ -35,8 +37,10 @@ from ragmesh_client.types import (
     Document,
     DocumentStatus,
     DocumentSummary,
+    Exists,
     IngestResult,
     Location,
+    Not,
     ReindexProgress,
     ReplayResult,
     SearchResponse,
@@ -47,6 +51,7 @@ from ragmesh_client.types import (
 )
 
 __all__ = [
+    "EXISTS",
     "TLS",
     "Answer",
     "AskDelta",
@@ -65,10 +70,13 @@ __all__ = [
     "DocumentStatus",
     "DocumentSummary",
     "DocumentsRejectedError",
+    "Exists",
     "FailedPreconditionError",
+    "Filter",
     "IngestResult",
     "InvalidArgumentError",
     "Location",
+    "Not",
     "NotFoundError",
     "PermissionDeniedError",
     "RagmeshError",

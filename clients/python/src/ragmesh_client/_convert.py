@@ -26,8 +26,10 @@ from ragmesh_client.types import (
     Document,
     DocumentStatus,
     DocumentSummary,
+    Exists,
     IngestResult,
     Location,
+    Not,
     ReindexProgress,
     ReplayResult,
     SearchResponse,
@@ -65,8 +67,9 @@ FORMAT_OF_SUFFIX = {
     ".pdf": "pdf",
 }
 
-# A filter: {"key": "value"} (equals) or {"key": ["a", "b"]} (one of); every entry must hold.
-Filter = Mapping[str, str | Sequence[str]]
+# A filter: {"key": "value"} (equals), {"key": ["a", "b"]} (one of), {"key": Not("v")} (not
+# equal; documents without the key match) or {"key": EXISTS} (set); every entry must hold.
+Filter = Mapping[str, str | Sequence[str] | Not | Exists]
 # Earlier turns: ("user" | "assistant", text) pairs or {"role": ..., "content": ...} dicts.
 History = Iterable[tuple[str, str] | Mapping[str, str]]
 
@@ -87,6 +90,12 @@ def metadata_filter(spec: Filter) -> common_pb2.MetadataFilter:
     for key, value in spec.items():
         if isinstance(value, str):
             clauses.append(common_pb2.MetadataClause(key=key, op=common_pb2.FILTER_OP_EQ, values=[value]))
+        elif isinstance(value, Not):
+            clauses.append(
+                common_pb2.MetadataClause(key=key, op=common_pb2.FILTER_OP_NE, values=[value.value])
+            )
+        elif isinstance(value, Exists):
+            clauses.append(common_pb2.MetadataClause(key=key, op=common_pb2.FILTER_OP_EXISTS))
         else:
             clauses.append(common_pb2.MetadataClause(key=key, op=common_pb2.FILTER_OP_IN, values=list(value)))
     return common_pb2.MetadataFilter(clauses=clauses)

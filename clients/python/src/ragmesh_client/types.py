@@ -27,6 +27,21 @@ class Degradation:
 
 
 @dataclass(frozen=True)
+class Not:
+    """A filter value: the key is not set to ``value`` (documents without the key match too)."""
+
+    value: str
+
+
+@dataclass(frozen=True)
+class Exists:
+    """A filter value: the key is set, to anything (use the ``EXISTS`` instance)."""
+
+
+EXISTS = Exists()
+
+
+@dataclass(frozen=True)
 class Location:
     """Where a chunk lies in its document."""
 
