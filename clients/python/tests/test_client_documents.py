@@ -71,7 +71,7 @@ def test_raise_on_any_rejection_still_reports_what_was_queued(client: Client) ->
 
 def test_an_unknown_rejection_policy_is_refused_before_any_call(mesh: FakeMesh, client: Client) -> None:
     with pytest.raises(ValueError, match="on_rejected"):
-        client.ingest("docs", [GOOD], on_rejected="ignore")
+        client.ingest("docs", [GOOD], on_rejected="ignore")  # type: ignore[arg-type]
     assert mesh.script.attempts("IngestDocuments") == 0
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -34,7 +34,8 @@ T = TypeVar("T")
 GATEWAY, INGESTION = "gateway", "ingestion"
 # What ingest does with rejected documents: return them in the result (report), raise
 # DocumentsRejectedError when any was rejected (raise) or when none was accepted.
-ON_REJECTED = ("report", "raise", "raise_if_none_accepted")
+OnRejected = Literal["report", "raise", "raise_if_none_accepted"]
+ON_REJECTED: tuple[OnRejected, ...] = ("report", "raise", "raise_if_none_accepted")
 # The most documents one ListDocuments page may ask for (the API's own limit).
 MAX_PAGE = 10_000
 
@@ -196,7 +197,7 @@ class CallBuilder:
     # ------------------------------------------------------------------ ingestion
 
     def _ingest(
-        self, collection: str, documents: Iterable[Document], timeout: float | None, on_rejected: str
+        self, collection: str, documents: Iterable[Document], timeout: float | None, on_rejected: OnRejected
     ) -> Call[IngestResult]:
         if on_rejected not in ON_REJECTED:
             raise ValueError(f"on_rejected must be one of {', '.join(ON_REJECTED)}, not {on_rejected!r}")

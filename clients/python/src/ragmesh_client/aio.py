@@ -13,7 +13,15 @@ import grpc
 from google.protobuf.message import Message
 from grpc import aio
 
-from ragmesh_client._calls import GATEWAY, Call, CallBuilder, finished, reindex_deadline, transient
+from ragmesh_client._calls import (
+    GATEWAY,
+    Call,
+    CallBuilder,
+    OnRejected,
+    finished,
+    reindex_deadline,
+    transient,
+)
 from ragmesh_client.config import ClientConfig, new_request_id
 from ragmesh_client.errors import RagmeshError, from_rpc_error
 from ragmesh_client.types import (
@@ -125,7 +133,7 @@ class AsyncClient(CallBuilder):
         documents: Iterable[Document],
         *,
         timeout: float | None = None,
-        on_rejected: str = "report",
+        on_rejected: OnRejected = "report",
     ) -> IngestResult:
         return await self._run(self._ingest(collection, documents, timeout, on_rejected))
 
@@ -136,7 +144,7 @@ class AsyncClient(CallBuilder):
         *,
         metadata: dict[str, str] | None = None,
         timeout: float | None = None,
-        on_rejected: str = "report",
+        on_rejected: OnRejected = "report",
     ) -> IngestResult:
         return await self.ingest(
             collection, self._files(paths, metadata), timeout=timeout, on_rejected=on_rejected

@@ -11,7 +11,16 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from ragmesh_client._calls import GATEWAY, INGESTION, Call, CallBuilder, finished, reindex_deadline, transient
+from ragmesh_client._calls import (
+    GATEWAY,
+    INGESTION,
+    Call,
+    CallBuilder,
+    OnRejected,
+    finished,
+    reindex_deadline,
+    transient,
+)
 from ragmesh_client.config import ClientConfig, new_request_id
 from ragmesh_client.errors import RagmeshError, from_rpc_error
 from ragmesh_client.types import (
@@ -132,7 +141,7 @@ class Client(CallBuilder):
         documents: Iterable[Document],
         *,
         timeout: float | None = None,
-        on_rejected: str = "report",
+        on_rejected: OnRejected = "report",
     ) -> IngestResult:
         """Submit documents; each is judged on its own: a valid one is stored and queued, an
         invalid one is rejected with its reason (``result.rejected``) and nothing of it stored.
@@ -147,7 +156,7 @@ class Client(CallBuilder):
         *,
         metadata: dict[str, str] | None = None,
         timeout: float | None = None,
-        on_rejected: str = "report",
+        on_rejected: OnRejected = "report",
     ) -> IngestResult:
         """Files as documents: id = file name, format from the suffix (.md, .txt, .html, .pdf)."""
         return self.ingest(collection, self._files(paths, metadata), timeout=timeout, on_rejected=on_rejected)
