@@ -325,17 +325,50 @@ def finished(statuses: Iterable[DocumentStatus]) -> bool:
 
 
 # A reindex step that failed on the way (the API restarting, NATS failing over, a step slower
-# than its deadline) is tried again this long by ``reindex``: the step is idempotent and the
-# reindex's state lives in the collection record, not in the caller.
+# than its deadline) is tried again by ``reindex``: the step is idempotent and the reindex's
+# state lives in the collection record, not in the caller.
 TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# Pause before trying a failed step again.
+STEP_RETRY_PAUSE_S = 1.0
 
 
-def reindex_deadline(timeout: float | None, started: float) -> float | None:
-    if timeout is not None and not timeout > 0:
-        raise ValueError("timeout must be > 0 seconds (None: wait until done)")
-    return None if timeout is None else started + timeout
+class ReindexDriver:
+    """What ``reindex`` decides between steps, for both clients (they only differ in how they
+    call a step and how they sleep): whether the next step starts the reindex, whether a failed
+    step is tried again, when to give up, and how long to pause."""
 
+    def __init__(
+        self,
+        on_progress: Callable[[ReindexProgress], None] | None,
+        interval_s: float,
+        timeout: float | None,
+        step_retry_s: float,
+    ) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError("timeout must be > 0 seconds (None: wait until done)")
+        now = time.monotonic()
+        self.on_progress, self.interval_s, self.timeout = on_progress, interval_s, timeout
+        self.step_retry_s = step_retry_s
+        self.deadline = None if timeout is None else now + timeout
+        self.retry_until = now + step_retry_s
+        # Only the first step begins a reindex; the others advance (or report) the one begun.
+        self.start = True
 
-def transient(exc: RagmeshError, retry_until: float) -> bool:
-    """A reindex step's failure worth another try: on the way (see TRANSIENT), within the window."""
-    return exc.code in TRANSIENT and time.monotonic() < retry_until
+    def failed(self, exc: RagmeshError) -> float:
+        """The pause before trying again a step that failed on the way within the retry
+        window since the last step that answered; anything else is raised."""
+        if exc.code not in TRANSIENT or time.monotonic() >= self.retry_until:
+            raise exc
+        return STEP_RETRY_PAUSE_S
+
+    def answered(self, progress: ReindexProgress) -> float | None:
+        """None when the reindex is done, else the pause before the next step; TimeoutError
+        once ``timeout`` has passed."""
+        self.start, self.retry_until = False, time.monotonic() + self.step_retry_s
+        if self.on_progress is not None:
+            self.on_progress(progress)
+        if progress.done:
+            return None
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise TimeoutError(f"reindex of {progress.collection!r} not complete within {self.timeout:g}s")
+        return self.interval_s

@@ -18,9 +18,8 @@ from ragmesh_client._calls import (
     Call,
     CallBuilder,
     OnRejected,
+    ReindexDriver,
     finished,
-    reindex_deadline,
-    transient,
 )
 from ragmesh_client.config import ClientConfig, new_request_id
 from ragmesh_client.errors import RagmeshError, from_rpc_error
@@ -219,24 +218,17 @@ class AsyncClient(CallBuilder):
         ``timeout`` seconds (None: never); the reindex stays where it is, and calling again
         resumes it. A step failing on the way (UNAVAILABLE, DEADLINE_EXCEEDED) is tried again
         for up to ``step_retry_s``."""
-        deadline = reindex_deadline(timeout, time.monotonic())
-        start, retry_until = True, time.monotonic() + step_retry_s
+        driver = ReindexDriver(on_progress, interval_s, timeout, step_retry_s)
         while True:
             try:
-                progress = await self.reindex_step(collection, start=start, timeout=step_timeout)
+                progress = await self.reindex_step(collection, start=driver.start, timeout=step_timeout)
             except RagmeshError as exc:
-                if not transient(exc, retry_until):
-                    raise
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(driver.failed(exc))
                 continue
-            start, retry_until = False, time.monotonic() + step_retry_s
-            if on_progress is not None:
-                on_progress(progress)
-            if progress.done:
+            pause = driver.answered(progress)
+            if pause is None:
                 return progress
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"reindex of {collection!r} not complete within {timeout:g}s")
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(pause)
 
     async def dead_letters(
         self,

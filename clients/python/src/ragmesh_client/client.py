@@ -17,9 +17,8 @@ from ragmesh_client._calls import (
     Call,
     CallBuilder,
     OnRejected,
+    ReindexDriver,
     finished,
-    reindex_deadline,
-    transient,
 )
 from ragmesh_client.config import ClientConfig, new_request_id
 from ragmesh_client.errors import RagmeshError, from_rpc_error
@@ -231,24 +230,17 @@ class Client(CallBuilder):
         ``timeout`` seconds (None: never); the reindex stays where it is, and calling again
         resumes it. A step failing on the way (UNAVAILABLE, DEADLINE_EXCEEDED) is tried again
         for up to ``step_retry_s``."""
-        deadline = reindex_deadline(timeout, time.monotonic())
-        start, retry_until = True, time.monotonic() + step_retry_s
+        driver = ReindexDriver(on_progress, interval_s, timeout, step_retry_s)
         while True:
             try:
-                progress = self.reindex_step(collection, start=start, timeout=step_timeout)
+                progress = self.reindex_step(collection, start=driver.start, timeout=step_timeout)
             except RagmeshError as exc:
-                if not transient(exc, retry_until):
-                    raise
-                time.sleep(1.0)
+                time.sleep(driver.failed(exc))
                 continue
-            start, retry_until = False, time.monotonic() + step_retry_s
-            if on_progress is not None:
-                on_progress(progress)
-            if progress.done:
+            pause = driver.answered(progress)
+            if pause is None:
                 return progress
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"reindex of {collection!r} not complete within {timeout:g}s")
-            time.sleep(interval_s)
+            time.sleep(pause)
 
     def dead_letters(
         self,
