@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from meshkit.answering import coverage
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh_cli.answer_eval import RATIONALE_COVERAGE, read_rationales
-from ragmesh_cli.channels import open_channel
+from ragmesh_cli.channels import gateway_client
 from ragmesh_cli.datasets import load_dataset
 from services.gateway.sentences import Candidate, Scored, SelectionRules, candidates, select
 from services.reranker.model import CrossEncoderModel
@@ -85,22 +84,18 @@ def _questions(spec: str, limit: int | None) -> tuple[str, list[dict[str, Any]]]
 
 async def _search(address: str, collection: str, questions: list[dict[str, Any]], concurrency: int) -> None:
     gate = asyncio.Semaphore(concurrency)
-    async with open_channel(address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    async with gateway_client(address) as client:
 
         async def one(item: dict[str, Any]) -> None:
             async with gate:
-                reply = await stub.Search(
-                    gateway_pb2.SearchRequest(collection=collection, query=item["question"], top_k=TOP_K),
-                    timeout=120,
-                )
+                reply = await client.search(collection, item["question"], top_k=TOP_K, timeout=120)
             item["results"] = [
                 {
                     "chunk_id": r.chunk_id,
                     "doc_id": r.doc_id,
                     "title": r.title,
                     "text": r.text,
-                    "rerank": r.rerank_score if r.HasField("rerank_score") else None,
+                    "rerank": r.rerank_score,
                 }
                 for r in reply.results
             ]
@@ -341,20 +336,16 @@ def calibrate(args: argparse.Namespace) -> None:
 
 async def _ask_all(address: str, collection: str, questions: list[dict[str, Any]], concurrency: int) -> None:
     gate = asyncio.Semaphore(concurrency)
-    async with open_channel(address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    async with gateway_client(address) as client:
 
         async def one(item: dict[str, Any]) -> None:
-            request = gateway_pb2.AskRequest(
-                collection=collection, query=item["question"], mode=gateway_pb2.ANSWER_MODE_EXTRACTIVE
-            )
             async with gate:
                 started = time.perf_counter()
-                reply = await stub.Ask(request, timeout=120)
+                reply = await client.ask(collection, item["question"], mode="extractive", timeout=120)
             item["ms"] = (time.perf_counter() - started) * 1000
             item["answered"] = reply.answered
             item["cited"] = sorted({c.doc_id for c in reply.citations})
-            item["answer"] = reply.answer
+            item["answer"] = reply.text
 
         await asyncio.gather(*(one(q) for q in questions))
 

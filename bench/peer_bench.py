@@ -53,12 +53,11 @@ from bench.peers import SyncSearch, build_haystack, build_lancedb, progress, top
 from bench.search_bench import Answer, LoadRun, summary
 from meshkit.ids import sha256_file
 from meshkit.settings import EmbedderSettings, PlannerSettings
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh_cli import metrics
-from ragmesh_cli.channels import open_channel
+from ragmesh_cli.channels import gateway_client
 from ragmesh_cli.datasets import BeirDataset, load_dataset
 from ragmesh_cli.rerankerbuild.mining import Passage, chunk_corpus, read_beir_corpus
-from ragmesh_cli.search import degradation_label
+from ragmesh_client import AsyncClient, RetryPolicy
 from services.embedder.model import EmbeddingModel, TextKind
 from services.gateway.validation import DEFAULT_TOP_K
 
@@ -174,18 +173,20 @@ def passage_vectors(
 # ---------------------------------------------------------------------------- the peers
 
 
-def ragmesh_search(
-    stub: gateway_pb2_grpc.GatewayServiceStub, collection: str, degraded: Counter[str]
-) -> AsyncSearch:
+def ragmesh_search(client: AsyncClient, collection: str, degraded: Counter[str]) -> AsyncSearch:
     """Gateway Search as the bench asks it; counts the degradations the gateway reports (a leg
     that timed out would make its figures look better than the full search)."""
 
     async def search(query: str) -> list[str]:
-        request = gateway_pb2.SearchRequest(
-            collection=collection, query=query, top_k=DEFAULT_TOP_K, rerank=False, collapse_documents=True
+        reply = await client.search(
+            collection,
+            query,
+            top_k=DEFAULT_TOP_K,
+            rerank=False,
+            collapse_documents=True,
+            timeout=CALL_TIMEOUT_S,
         )
-        reply = await stub.Search(request, timeout=CALL_TIMEOUT_S)
-        degraded.update(degradation_label(d) for d in reply.degradations)
+        degraded.update(f"{d.stage}:{d.reason}" for d in reply.degradations)
         return top_documents(r.doc_id for r in reply.results)
 
     return search
@@ -365,9 +366,11 @@ async def measure(args: argparse.Namespace, dataset: BeirDataset, workdir: Path)
     queries = [dataset.queries[q] for q in query_ids]
     async with contextlib.AsyncExitStack() as stack:
         if RAGMESH in systems:
-            channel = await stack.enter_async_context(open_channel(args.gateway))
-            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-            systems[RAGMESH].run_async = ragmesh_search(stub, args.collection, degraded)
+            # No retries: a retried search would hide its failure in a latency.
+            client = await stack.enter_async_context(
+                gateway_client(args.gateway, retry=RetryPolicy(max_attempts=1))
+            )
+            systems[RAGMESH].run_async = ragmesh_search(client, args.collection, degraded)
         names = [name for name in SYSTEMS if name in systems]
         per_query: dict[str, dict[str, float]] = {}
         for name in names:  # warm-up: every claim once, its answers scored

@@ -21,9 +21,10 @@ from pathlib import Path
 
 from bench import qa
 from bench.qa import QAItem, Split
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli.addresses import resolve_address
-from ragmesh_cli.channels import open_channel, use_state_dir
+from ragmesh_cli.channels import gateway_client, use_state_dir
+from ragmesh_client import AsyncClient
 
 CUTOFFS = (1, 5, 10)
 TIMEOUT_S = 60.0
@@ -44,7 +45,7 @@ def hit_rates(ranks: Sequence[int | None]) -> dict[str, float]:
 
 
 async def ranked_doc_ids(
-    stub: gateway_pb2_grpc.GatewayServiceStub,
+    client: AsyncClient,
     collection: str,
     question: str,
     rerank: bool,
@@ -58,7 +59,8 @@ async def ranked_doc_ids(
         rerank=rerank,
         max_variations=max_variations,
     )
-    response = await stub.Search(request, timeout=TIMEOUT_S)
+    # max_variations is a contract field the client does not map: the request goes as it is.
+    response = await client.search(collection, question, request=request, timeout=TIMEOUT_S)
     return [result.doc_id for result in response.results]
 
 
@@ -71,12 +73,11 @@ async def measure(
         "collection": collection,
         "max_variations": max_variations,
     }
-    async with open_channel(address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    async with gateway_client(address) as client:
 
         async def rank(item: QAItem, rerank: bool) -> int | None:
             async with gate:
-                found = await ranked_doc_ids(stub, collection, item.question, rerank, max_variations)
+                found = await ranked_doc_ids(client, collection, item.question, rerank, max_variations)
                 return gold_rank(item, found)
 
         systems = (("fused", False),) if fused_only else (("fused", False), ("reranked", True))

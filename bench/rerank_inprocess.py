@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from grpc import aio
-
 from meshkit.settings import GatewaySettings, RerankerSettings
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.gateway.v1 import gateway_pb2
+from ragmesh_client import AsyncClient
 from services.gateway.fusion import Fused
 from services.gateway.rerank import final_order
 from services.reranker.model import CrossEncoderModel
@@ -24,14 +23,15 @@ GATEWAY_DEFAULTS = GatewaySettings()
 async def fused_candidates(
     address: str, collection: str, queries: dict[str, str], depth: int
 ) -> dict[str, list[gateway_pb2.SearchResult]]:
+    """Each query's fused results (rerank off) as the gateway's messages, which the benchmarks
+    cache as they are."""
     out: dict[str, list[gateway_pb2.SearchResult]] = {}
-    async with aio.insecure_channel(address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    async with AsyncClient(address) as client:
         for qid, text in queries.items():
-            request = gateway_pb2.SearchRequest(
-                collection=collection, query=text, top_k=depth, collapse_documents=True, rerank=False
+            found = await client.search(
+                collection, text, top_k=depth, collapse_documents=True, rerank=False, timeout=60
             )
-            out[qid] = list((await stub.Search(request, timeout=60)).results)
+            out[qid] = list(found.raw.results)
     return out
 
 

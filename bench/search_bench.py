@@ -38,13 +38,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from grpc import aio
 
 from bench.common import cli_ingest, collection_counts, corpus_file
 from meshkit.server import start_service
 from meshkit.settings import EmbedderSettings, GatewaySettings, IndexSettings, PlannerSettings, SparseSettings
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh_cli.stack import Stack
+from ragmesh_client import AsyncClient, RetryPolicy
 from services.embedder.batcher import EmbedBatcher
 from services.embedder.model import EmbeddingModel, TextKind
 from services.gateway.fusion import Hit, combine_variations, merge_by_score, rrf
@@ -247,13 +246,18 @@ class InProcessSearch:
         return [Hit(h.chunk_id, h.doc_id, h.score) for h in hits]
 
 
-def gateway_search(stub: gateway_pb2_grpc.GatewayServiceStub) -> SearchFn:
+def gateway_client(address: str) -> AsyncClient:
+    """A client of the gateway that never retries: a retried search would hide its failure in
+    a latency."""
+    return AsyncClient(address, retry=RetryPolicy(max_attempts=1))
+
+
+def gateway_search(client: AsyncClient) -> SearchFn:
     async def search(query: str) -> Answer:
         # The retrieval path is what is compared; the reranker tier has its own benchmark.
-        request = gateway_pb2.SearchRequest(
-            collection=COLLECTION, query=query, top_k=DEFAULT_TOP_K, rerank=False
+        reply = await client.search(
+            COLLECTION, query, top_k=DEFAULT_TOP_K, rerank=False, timeout=CALL_TIMEOUT_S
         )
-        reply = await stub.Search(request, timeout=CALL_TIMEOUT_S)
         return Answer(tuple(r.chunk_id for r in reply.results), bool(reply.degradations))
 
     return search
@@ -301,11 +305,8 @@ async def measure(
 ) -> dict[str, Any]:
     inproc = await InProcessSearch.open(copy_dir, index_shards)
     try:
-        async with aio.insecure_channel(gateway_address) as channel:
-            searches = {
-                INPROC: inproc.search,
-                GATEWAY: gateway_search(gateway_pb2_grpc.GatewayServiceStub(channel)),
-            }
+        async with gateway_client(gateway_address) as client:
+            searches = {INPROC: inproc.search, GATEWAY: gateway_search(client)}
             warm = {side: await run_load(fn, queries, max(CONCURRENCY)) for side, fn in searches.items()}
             same = sum(
                 a.chunk_ids == b.chunk_ids
@@ -343,8 +344,8 @@ async def profile_gateway(env: dict[str, str], queries: Sequence[str], out: Path
     running = await start_service(gateway_build_spec(settings), settings)
     profiler = cProfile.Profile()
     try:
-        async with aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            search = gateway_search(gateway_pb2_grpc.GatewayServiceStub(channel))
+        async with gateway_client(f"127.0.0.1:{running.port}") as client:
+            search = gateway_search(client)
             await run_load(search, queries[:10], 1)  # warm
             profiler.enable()
             run = await run_load(search, queries, 1)

@@ -20,12 +20,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpc import aio
-
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.metrics import mrr_at_k, ndcg_at_k, recall_at_k
 from ragmesh_cli.stack import Stack
+from ragmesh_client import AsyncClient
 from services.gateway.fusion import Hit, collapse_documents, rrf
 
 LEG_NAMES = {gateway_pb2.LEG_DENSE: "dense", gateway_pb2.LEG_BM25: "bm25", gateway_pb2.LEG_EXACT: "exact"}
@@ -38,8 +37,7 @@ async def fetch_leg_lists(
     """Each query's per-leg chunk lists, as the gateway's legs returned them."""
     slots = asyncio.Semaphore(concurrency)
     out: dict[str, LegLists] = {}
-    async with aio.insecure_channel(address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    async with AsyncClient(address) as client:
 
         async def one(query_id: str, text: str) -> None:
             request = gateway_pb2.SearchRequest(
@@ -52,10 +50,12 @@ async def fetch_leg_lists(
                 rerank=False,
             )
             async with slots:
-                reply = await stub.Search(request, timeout=60)
+                # Leg results and variations are contract fields the client does not map: the
+                # request goes as it is and the legs are read from the reply message.
+                reply = await client.search(collection, text, request=request, timeout=60)
             out[query_id] = {
                 LEG_NAMES[leg.leg]: [Hit(h.chunk_id, h.doc_id, h.score) for h in leg.hits]
-                for leg in reply.leg_results
+                for leg in reply.raw.leg_results
             }
 
         await asyncio.gather(*(one(qid, text) for qid, text in queries.items()))

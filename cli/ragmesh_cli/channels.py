@@ -24,7 +24,7 @@ from meshkit.client import channel_options
 from meshkit.settings import ENV_PREFIX, MeshSettings
 from meshkit.tls import ClientTLS
 from meshkit.tls import open_channel as open_tls_channel
-from ragmesh_client import TLS, AsyncClient
+from ragmesh_client import TLS, AsyncClient, RetryPolicy
 
 # Set from --api-key; wins over RAGMESH_API_KEY.
 _api_key_override: str | None = None
@@ -113,14 +113,23 @@ def open_channel(address: str, options: Sequence[tuple[str, Any]] | None = None)
     )
 
 
-def gateway_client(address: str, ingestion: str | None = None, *, key: str | None = None) -> AsyncClient:
+def gateway_client(
+    address: str, ingestion: str | None = None, *, key: str | None = None, retry: RetryPolicy | None = None
+) -> AsyncClient:
     """A ragmesh_client to the gateway at ``address`` (and the ingestion API at ``ingestion``)
-    with the CLI's TLS (the same as ``open_channel``'s) and ``key`` (None: the CLI's API key;
-    "": none)."""
+    with the CLI's TLS (the same as ``open_channel``'s), ``key`` (None: the CLI's API key; "":
+    none) and ``retry`` (None: the client's default policy)."""
     key, tls = api_key() if key is None else key, client_tls()
     return AsyncClient(
-        address,
+        address or None,
         ingestion=ingestion,
         api_key=key or None,
         tls=None if tls is None else TLS(tls.ca_file, tls.cert_file, tls.key_file, tls.server_name),
+        retry=retry,
     )
+
+
+def ingestion_client(address: str, *, key: str | None = None) -> AsyncClient:
+    """A ragmesh_client for the ingestion API at ``address`` only (its gateway channel, opened on
+    first use, is never used)."""
+    return gateway_client("", address, key=key)

@@ -28,19 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc import aio
 from tqdm import tqdm
 
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
+from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli import metrics
-from ragmesh_cli.channels import open_channel
+from ragmesh_cli.channels import gateway_client, ingestion_client
 from ragmesh_cli.datasets import BeirDataset, corpus_size, load_dataset, never_a_file
 from ragmesh_cli.documents import InputError
 from ragmesh_cli.search import LEG_NAMES, add_request_arguments, build_request, degradation_label, timeout_of
 from ragmesh_cli.search import request_settings as search_settings
 from ragmesh_cli.stats import percentile
 from ragmesh_cli.tables import format_table
+from ragmesh_client import AsyncClient, NotFoundError, RagmeshError
 
 RUN_FORMAT = "ragmesh-eval-run/1"
 # Every system an eval reports, in report order; the per-leg names match LEG_NAMES.
@@ -62,17 +61,12 @@ FATAL_CODES = frozenset(
 
 
 async def indexed_count(address: str, collection: str) -> int:
-    async with open_channel(address) as channel:
-        stub = ingestion_pb2_grpc.IngestionServiceStub(channel)
+    async with ingestion_client(address) as client:
         try:
-            status = await stub.GetCollectionStatus(
-                ingestion_pb2.GetCollectionStatusRequest(collection=collection), timeout=30.0
-            )
-        except aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return 0
-            raise
-        return int(status.indexed)
+            status = await client.collection_status(collection, timeout=30.0)
+        except NotFoundError:
+            return 0
+        return status.indexed
 
 
 async def ensure_ingested(
@@ -144,14 +138,15 @@ def runs_from_response(response: gateway_pb2.SearchResponse) -> dict[str, list[s
 
 
 async def collect(
-    stub: gateway_pb2_grpc.GatewayServiceStub,
+    client: AsyncClient,
     requests: Mapping[str, gateway_pb2.SearchRequest],
     *,
     timeout_s: float,
     concurrency: int,
 ) -> list[QueryOutcome]:
     """Run every request with at most ``concurrency`` in flight. Transient failures (unavailable,
-    deadline, overload) are recorded and scored as empty rankings; a fatal one stops the eval."""
+    deadline, overload) left after the client's retries are recorded and scored as empty
+    rankings; a fatal one stops the eval."""
     if concurrency < 1:
         raise ValueError("--concurrency must be >= 1")
     gate = asyncio.Semaphore(concurrency)
@@ -160,14 +155,19 @@ async def collect(
         async with gate:
             started = time.perf_counter()
             try:
-                response = await stub.Search(request, timeout=timeout_s)
-            except aio.AioRpcError as exc:
-                if exc.code() in FATAL_CODES:
+                # The request as the eval built it (leg results included): the client sends it
+                # as it is, and the legs are read from the reply message.
+                found = await client.search(
+                    request.collection, request.query, request=request, timeout=timeout_s
+                )
+            except RagmeshError as exc:
+                if exc.code in FATAL_CODES:
                     raise
                 elapsed = (time.perf_counter() - started) * 1000.0
                 empty: dict[str, list[str]] = {name: [] for name in SYSTEMS}
-                return QueryOutcome(query_id, empty, elapsed, error=f"{exc.code().name}: {exc.details()}")
+                return QueryOutcome(query_id, empty, elapsed, error=f"{exc.code.name}: {exc.message}")
             elapsed = (time.perf_counter() - started) * 1000.0
+        response: gateway_pb2.SearchResponse = found.raw
         labels = [degradation_label(d) for d in response.degradations]
         return QueryOutcome(query_id, runs_from_response(response), elapsed, labels)
 
@@ -360,9 +360,8 @@ async def run_eval(args: argparse.Namespace, gateway_address: str, ingestion_add
             timeout_s=args.ingest_timeout,
             max_in_flight=args.in_flight,
         )
-    async with open_channel(gateway_address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-        outcomes = await collect(stub, requests, timeout_s=timeout_s, concurrency=args.concurrency)
+    async with gateway_client(gateway_address) as client:
+        outcomes = await collect(client, requests, timeout_s=timeout_s, concurrency=args.concurrency)
     runs = system_runs(outcomes)
     per_query = score_systems(runs, dataset.qrels)
     settings = {

@@ -12,16 +12,15 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
-from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli import answer_eval, ask, certs, evaluation, keys, loadtest, mcp_server, reindex, search
 from ragmesh_cli.addresses import resolve_address
-from ragmesh_cli.channels import open_channel, use_api_key, use_state_dir
+from ragmesh_cli.channels import ingestion_client, use_api_key, use_state_dir
 from ragmesh_cli.config import cmd_config
 from ragmesh_cli.documents import InputError
 from ragmesh_cli.folder_sync import add_folder_arguments
@@ -37,9 +36,10 @@ from ragmesh_cli.stack import (
 )
 from ragmesh_cli.state import DEFAULT_STATE_DIR, state_dir_of
 from ragmesh_cli.tables import format_table, shorten
-from ragmesh_client import RagmeshError
+from ragmesh_client import AsyncClient, CollectionStatus, DeadLetter, RagmeshError
 
 RPC_TIMEOUT_S = 60.0
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -50,11 +50,14 @@ def process_table(statuses: Sequence[ProcessStatus]) -> str:
     return format_table(["COMPONENT", "PID", "ALIVE", "PORT", "HEALTH"], rows)
 
 
-async def _call_ingestion(
-    state_dir: Path, call: Callable[[ingestion_pb2_grpc.IngestionServiceStub], Any]
-) -> Any:
-    async with open_channel(resolve_address("ingestion", state_dir)) as channel:
-        return await call(ingestion_pb2_grpc.IngestionServiceStub(channel))
+def _call_ingestion(state_dir: Path, call: Callable[[AsyncClient], Awaitable[T]]) -> T:
+    """One call of the ingestion API through ragmesh_client, with the CLI's key and TLS."""
+
+    async def with_client() -> T:
+        async with ingestion_client(resolve_address("ingestion", state_dir)) as client:
+            return await call(client)
+
+    return asyncio.run(with_client())
 
 
 # ---------------------------------------------------------------------------- stack commands
@@ -118,11 +121,11 @@ def cmd_down(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     state_dir = state_dir_of(args)
     statuses = Stack.load(state_dir).status() if read_state(state_dir) is not None else []
-    counts: ingestion_pb2.GetCollectionStatusResponse | None = None
+    counts: CollectionStatus | None = None
     if args.collection:
-        request = ingestion_pb2.GetCollectionStatusRequest(collection=args.collection)
-        counts = asyncio.run(
-            _call_ingestion(state_dir, lambda stub: stub.GetCollectionStatus(request, timeout=RPC_TIMEOUT_S))
+        collection = args.collection
+        counts = _call_ingestion(
+            state_dir, lambda client: client.collection_status(collection, timeout=RPC_TIMEOUT_S)
         )
     if args.json:
         out: dict[str, Any] = {"state_dir": str(state_dir), "processes": [s.to_dict() for s in statuses]}
@@ -210,16 +213,17 @@ def cmd_build_reranker(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    request = ingestion_pb2.DeleteDocumentsRequest(collection=args.collection, doc_ids=args.doc_ids)
-    reply = asyncio.run(
-        _call_ingestion(state_dir_of(args), lambda stub: stub.DeleteDocuments(request, timeout=RPC_TIMEOUT_S))
+    collection, doc_ids = args.collection, args.doc_ids
+    queued = _call_ingestion(
+        state_dir_of(args), lambda client: client.delete(collection, doc_ids, timeout=RPC_TIMEOUT_S)
     )
-    print(f"queued {reply.queued} deletions in collection {args.collection!r}")
+    print(f"queued {queued} deletions in collection {args.collection!r}")
     return 0
 
 
-def _dead_letter_dict(item: ingestion_pb2.DeadLetter) -> dict[str, Any]:
-    failed_at = item.failed_at.ToDatetime().isoformat() + "Z" if item.HasField("failed_at") else ""
+def _dead_letter_dict(item: DeadLetter) -> dict[str, Any]:
+    # UTC as ...Z, as the CLI has always printed it.
+    failed_at = item.failed_at.replace(tzinfo=None).isoformat() + "Z" if item.failed_at else ""
     return {
         "sequence": item.sequence,
         "collection": item.collection,
@@ -231,11 +235,12 @@ def _dead_letter_dict(item: ingestion_pb2.DeadLetter) -> dict[str, Any]:
 
 
 def cmd_dlq_list(args: argparse.Namespace) -> int:
-    request = ingestion_pb2.ListDeadLettersRequest(collection=args.collection or "", limit=args.limit)
-    reply = asyncio.run(
-        _call_ingestion(state_dir_of(args), lambda stub: stub.ListDeadLetters(request, timeout=RPC_TIMEOUT_S))
+    collection, limit = args.collection or "", args.limit
+    page = _call_ingestion(
+        state_dir_of(args),
+        lambda client: client.dead_letters(collection, limit=limit, timeout=RPC_TIMEOUT_S),
     )
-    items = [_dead_letter_dict(d) for d in reply.dead_letters]
+    items = [_dead_letter_dict(d) for d in page.dead_letters]
     if args.json:
         print(json.dumps(items, indent=2))
         return 0
@@ -257,28 +262,27 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay_batch(state_dir: Path, request: ingestion_pb2.ReplayDeadLettersRequest) -> Any:
-    return asyncio.run(
-        _call_ingestion(state_dir, lambda stub: stub.ReplayDeadLetters(request, timeout=RPC_TIMEOUT_S))
-    )
+async def _replay_all(client: AsyncClient, collection: str, sequences: list[int]) -> tuple[int, int]:
+    replayed = superseded = 0
+    after = 0
+    while True:
+        batch = await client.replay_dead_letters(
+            collection, sequences=sequences, after_sequence=after, timeout=RPC_TIMEOUT_S
+        )
+        replayed += batch.replayed
+        superseded += batch.superseded
+        after = batch.next_after_sequence
+        if sequences or not after:
+            return replayed, superseded
 
 
 def cmd_dlq_replay(args: argparse.Namespace) -> int:
     """One call for explicit sequences; else batch after batch (the API handles a bounded
     number per call) until the cursor reaches the end."""
-    state_dir = state_dir_of(args)
-    replayed = superseded = 0
-    after = 0
-    while True:
-        request = ingestion_pb2.ReplayDeadLettersRequest(
-            sequences=args.seq or [], collection=args.collection or "", after_sequence=after
-        )
-        reply = _replay_batch(state_dir, request)
-        replayed += reply.replayed
-        superseded += reply.superseded
-        after = reply.next_after_sequence
-        if args.seq or not after:
-            break
+    collection, sequences = args.collection or "", list(args.seq or [])
+    replayed, superseded = _call_ingestion(
+        state_dir_of(args), lambda client: _replay_all(client, collection, sequences)
+    )
     print(f"replayed {replayed} dead letters; dropped {superseded} superseded by newer versions")
     return 0
 

@@ -3,10 +3,11 @@ embedder that serves now, and switch its readers to it when complete.
 
 The work happens in the mesh (the ingestion API's ``ReindexCollection`` submits each document's
 stored bytes to the new generation; the ingestion workers embed and index them); this command
-drives it, one bounded step per call, and prints a progress line per step. Searches keep
-answering from the old generation until the switch. Interrupted (Ctrl-C, a crash, a lost
-connection), it is resumed by running the same command again: the reindex's state is the
-collection record in NATS, not this process.
+drives it through ragmesh_client's ``reindex`` (one bounded step per call, a step failing on
+the way tried again) and prints a progress line per change. Searches keep answering from the
+old generation until the switch. Interrupted (Ctrl-C, a crash, a lost connection), it is
+resumed by running the same command again: the reindex's state is the collection record in
+NATS, not this process.
 """
 
 from __future__ import annotations
@@ -17,23 +18,15 @@ import sys
 import time
 from typing import Any, TextIO
 
-import grpc
-
 from meshkit.collections import physical_name
-from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli.addresses import resolve_address
-from ragmesh_cli.channels import open_channel
+from ragmesh_cli.channels import ingestion_client
 from ragmesh_cli.state import state_dir_of
+from ragmesh_client import ReindexProgress
 
-PHASES = {
-    ingestion_pb2.REINDEX_PHASE_BUILDING: "building",
-    ingestion_pb2.REINDEX_PHASE_RETIRING: "retiring",
-    ingestion_pb2.REINDEX_PHASE_DONE: "done",
-}
 STEP_TIMEOUT_S = 60.0
 # Transient failures of one step (the API restarting, NATS failing over) are retried this long.
 RETRY_WINDOW_S = 120.0
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -52,74 +45,70 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def progress_line(reply: ingestion_pb2.ReindexCollectionResponse, elapsed_s: float) -> str:
-    phase = PHASES.get(reply.phase, "unknown")
-    head = f"[{elapsed_s:6.0f}s] {reply.collection}: {phase}"
-    if reply.phase == ingestion_pb2.REINDEX_PHASE_BUILDING:
-        model = f" with {reply.building_model}" if reply.building_model else ""
+def progress_line(progress: ReindexProgress, elapsed_s: float) -> str:
+    head = f"[{elapsed_s:6.0f}s] {progress.collection}: {progress.phase}"
+    if progress.phase == "building":
+        model = f" with {progress.building_model}" if progress.building_model else ""
         return (
-            f"{head} generation {reply.other_generation}{model}: {reply.indexed}/{reply.documents} indexed, "
-            f"{reply.pending} waiting, {reply.failed} failed; generation {reply.serving_generation} serves"
+            f"{head} generation {progress.other_generation}{model}: {progress.indexed}/{progress.documents} "
+            f"indexed, {progress.pending} waiting, {progress.failed} failed; generation "
+            f"{progress.serving_generation} serves"
         )
-    if reply.phase == ingestion_pb2.REINDEX_PHASE_RETIRING:
+    if progress.phase == "retiring":
         return (
-            f"{head}: generation {reply.serving_generation} ({reply.serving_model}) serves; "
-            f"deleting generation {reply.other_generation} ({reply.retiring} documents left)"
+            f"{head}: generation {progress.serving_generation} ({progress.serving_model}) serves; "
+            f"deleting generation {progress.other_generation} ({progress.retiring} documents left)"
         )
-    return f"{head}: generation {reply.serving_generation} ({reply.serving_model}) serves"
+    return f"{head}: generation {progress.serving_generation} ({progress.serving_model}) serves"
 
 
-async def _step(
-    stub: ingestion_pb2_grpc.IngestionServiceStub, collection: str, start: bool
-) -> ingestion_pb2.ReindexCollectionResponse:
-    deadline = time.monotonic() + RETRY_WINDOW_S
-    while True:
-        try:
-            request = ingestion_pb2.ReindexCollectionRequest(collection=collection, start=start)
-            reply: ingestion_pb2.ReindexCollectionResponse = await stub.ReindexCollection(
-                request, timeout=STEP_TIMEOUT_S
+class _Printer:
+    """The progress callback: one line per change of progress (not per poll), and what to do
+    about documents that failed in the new generation."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.started = time.monotonic()
+        self.last = ""
+
+    def __call__(self, progress: ReindexProgress) -> None:
+        line = progress_line(progress, time.monotonic() - self.started)
+        if line.split("] ", 1)[1] != self.last:
+            print(line, file=self.out, flush=True)
+            self.last = line.split("] ", 1)[1]
+        if progress.stuck_on_failures:
+            generation = physical_name(progress.collection, progress.other_generation)
+            print(
+                f"{progress.failed} documents failed in the new generation: see `ragmesh dlq list "
+                f"--collection {generation}`, replay them once the cause is fixed; the switch waits "
+                "for them",
+                file=self.out,
+                flush=True,
             )
-            return reply
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in RETRYABLE or time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(1.0)
 
 
 async def reindex(
     address: str, collection: str, interval_s: float, timeout_s: float, out: TextIO = sys.stdout
 ) -> int:
     """Drive the reindex to its end; 0 when done, 1 when ``timeout_s`` passed first."""
-    started = time.monotonic()
-    last = ""
-    async with open_channel(address) as channel:
-        stub = ingestion_pb2_grpc.IngestionServiceStub(channel)
-        reply = await _step(stub, collection, start=True)
-        while True:
-            line = progress_line(reply, time.monotonic() - started)
-            if line.split("] ", 1)[1] != last:  # one line per change, not per poll
-                print(line, file=out, flush=True)
-                last = line.split("] ", 1)[1]
-            if reply.phase == ingestion_pb2.REINDEX_PHASE_DONE:
-                return 0
-            if reply.failed and not reply.pending:
-                generation = physical_name(reply.collection, reply.other_generation)
-                print(
-                    f"{reply.failed} documents failed in the new generation: see `ragmesh dlq list "
-                    f"--collection {generation}`, replay them once the cause is fixed; the switch waits "
-                    "for them",
-                    file=out,
-                    flush=True,
-                )
-            if timeout_s and time.monotonic() - started > timeout_s:
-                print(
-                    f"not complete after {timeout_s:g}s; run the same command again to resume",
-                    file=out,
-                    flush=True,
-                )
-                return 1
-            await asyncio.sleep(interval_s)
-            reply = await _step(stub, collection, start=False)
+    async with ingestion_client(address) as client:
+        try:
+            await client.reindex(
+                collection,
+                on_progress=_Printer(out),
+                interval_s=interval_s,
+                timeout=timeout_s or None,
+                step_timeout=STEP_TIMEOUT_S,
+                step_retry_s=RETRY_WINDOW_S,
+            )
+        except TimeoutError:
+            print(
+                f"not complete after {timeout_s:g}s; run the same command again to resume",
+                file=out,
+                flush=True,
+            )
+            return 1
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

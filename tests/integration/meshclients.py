@@ -23,6 +23,7 @@ from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from ragmesh_cli.channels import api_key_interceptors
 from ragmesh_cli.stack import Stack
+from ragmesh_client import TLS, AsyncClient, RetryPolicy
 
 MD = ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN
 TEXT = ingestion_pb2.DOCUMENT_FORMAT_TEXT
@@ -38,6 +39,7 @@ class Mesh:
         self.tls = tls if tls is not None else (stack.client_tls() if stack.secure else None)
         self.api_key = api_key if api_key is not None else (stack.api_key() if stack.secure else None)
         self._channels: list[aio.Channel] = []
+        self._clients: list[AsyncClient] = []
         self.ingestion = ingestion_pb2_grpc.IngestionServiceStub(self._channel("ingestion"))
         self.embedder = embedder_pb2_grpc.EmbedderServiceStub(self._channel("embedder"))
         self.sparse = sparse_pb2_grpc.SparseServiceStub(self._channel("sparse"))
@@ -47,6 +49,22 @@ class Mesh:
             for replicas in (stack.shard_replicas(i) for i in range(stack.index_shards))
             if replicas
         ]
+
+    def client(self, retry: RetryPolicy | None = None) -> AsyncClient:
+        """A ragmesh_client to the stack's gateway and ingestion API as this identity, with this
+        key; closed with the channels. Tests about behaviour use it; tests about the wire
+        (metadata, identities, raw status details) keep the stubs. ``retry``: the client's
+        policy (default: its own; RetryPolicy(max_attempts=1) where a test counts failures)."""
+        tls = self.tls
+        client = AsyncClient(
+            self.stack.address("gateway"),
+            ingestion=self.stack.address("ingestion"),
+            api_key=self.api_key,
+            tls=None if tls is None else TLS(tls.ca_file, tls.cert_file, tls.key_file, tls.server_name),
+            retry=retry,
+        )
+        self._clients.append(client)
+        return client
 
     def channel(self, name: str) -> aio.Channel:
         """A channel to one component, closed with the others."""
@@ -66,6 +84,8 @@ class Mesh:
     async def close(self) -> None:
         for channel in self._channels:
             await channel.close()
+        for client in self._clients:
+            await client.close()
 
     # --- ingestion ------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from ragmesh_client import (
     AsyncClient,
     Client,
     Document,
+    DocumentsRejectedError,
     InvalidArgumentError,
     PermissionDeniedError,
     UnauthenticatedError,
@@ -139,6 +140,37 @@ def test_status_and_delete(client: Client, indexed: list[str]) -> None:
     found = client.search(COLLECTION, "largest legal request RESOURCE_EXHAUSTED", top_k=5)
     assert "limits/requests.md" not in {r.doc_id for r in found.results}
     assert client.dead_letters(COLLECTION).dead_letters == ()
+
+
+def test_rejected_documents_are_listed_with_their_reason(client: Client, indexed: list[str]) -> None:
+    """The API judges each document on its own: the good one is queued and indexed, the bad ones
+    come back rejected with a reason, and nothing of them is stored."""
+    good = Document("rejects/good.md", "# Good\n\nA page about zeppelin hangars.", format="markdown")
+    empty = Document("rejects/empty.md", "", format="markdown")
+    undecodable = Document("rejects/latin1.txt", b"caf\xe9 au lait", format="text")
+    result = client.ingest(COLLECTION, [good, empty, undecodable])
+    assert [s.outcome for s in result] == ["queued", "rejected", "rejected"], result
+    assert [s.doc_id for s in result.rejected] == ["rejects/empty.md", "rejects/latin1.txt"]
+    assert all(s.reason for s in result.rejected) and result[0].reason == ""
+    with pytest.raises(DocumentsRejectedError) as refused:
+        client.ingest(COLLECTION, [empty], on_rejected="raise_if_none_accepted")
+    assert refused.value.rejected[0].reason == result.rejected[0].reason
+    assert refused.value.request_id and "1 of 1 documents rejected" in refused.value.message
+    (status,) = client.wait_indexed(COLLECTION, ["rejects/good.md"], timeout=240)
+    assert status.state == "indexed"
+    listed = {d.doc_id for d in client.list_documents(COLLECTION)}
+    assert "rejects/good.md" in listed and not listed & {"rejects/empty.md", "rejects/latin1.txt"}
+
+
+def test_list_documents_walks_pages_and_filters_by_source(client: Client, indexed: list[str]) -> None:
+    one_by_one = [d.doc_id for d in client.list_documents(COLLECTION, page_size=1)]
+    assert one_by_one == sorted(one_by_one) and len(one_by_one) == len(set(one_by_one))
+    assert {"keys/rotation.md", "backups.md"} <= set(one_by_one)
+    assert one_by_one == [d.doc_id for d in client.list_documents(COLLECTION)]
+    # Only the file-ingested page has a file:// source.
+    from_files = list(client.list_documents(COLLECTION, source_prefix="file://"))
+    assert [d.doc_id for d in from_files] == ["backups.md"]
+    assert from_files[0].state == "indexed" and len(from_files[0].content_sha256) == 64
 
 
 def test_errors_arrive_as_exceptions(auth_stack: Stack, client: Client, indexed: list[str]) -> None:

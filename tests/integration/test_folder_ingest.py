@@ -14,13 +14,12 @@ import grpc
 import pytest
 from grpc import aio
 
-from ragmesh.common.v1 import common_pb2
-from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.index.v1 import index_pb2
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from ragmesh_cli.main import main
 from ragmesh_cli.stack import Stack
+from ragmesh_client import EXISTS, AsyncClient, Filter, SearchResult
 
 from .meshclients import MD, Mesh
 
@@ -92,19 +91,11 @@ async def sparse_doc_ids(mesh: Mesh, collection: str) -> set[str]:
 
 
 async def search(
-    stack: Stack, collection: str, query: str, clauses: list[common_pb2.MetadataClause] | None = None
-) -> list[gateway_pb2.SearchResult]:
-    async with aio.insecure_channel(stack.address("gateway")) as channel:
-        reply = await gateway_pb2_grpc.GatewayServiceStub(channel).Search(
-            gateway_pb2.SearchRequest(
-                collection=collection,
-                query=query,
-                top_k=20,
-                filter=common_pb2.MetadataFilter(clauses=clauses or []),
-            ),
-            timeout=60,
-        )
-    return list(reply.results)
+    stack: Stack, collection: str, query: str, filter: Filter | None = None
+) -> tuple[SearchResult, ...]:
+    async with AsyncClient(stack.address("gateway")) as client:
+        reply = await client.search(collection, query, top_k=20, filter=filter, timeout=60)
+    return reply.results
 
 
 async def test_bad_files_are_skipped_and_listed_and_the_good_ones_go_in(
@@ -200,19 +191,11 @@ async def test_front_matter_of_grpc_docs_is_filterable_metadata(stack: Stack, tm
     assert await ingest(stack, folder, collection, "--wait") == 0
     everything = await search(stack, collection, "gRPC protocol buffers")
     assert {h.doc_id for h in everything} == {"introduction.md", "core-concepts.md", "faq.md"}
-    eq = common_pb2.FILTER_OP_EQ
-    linked = await search(
-        stack,
-        collection,
-        "gRPC protocol buffers",
-        [common_pb2.MetadataClause(key="linkTitle", op=eq, values=["Introduction"])],
-    )
+    linked = await search(stack, collection, "gRPC protocol buffers", {"linkTitle": "Introduction"})
     assert linked and {h.doc_id for h in linked} == {"introduction.md"}
     assert linked[0].title == "Introduction to gRPC"
     assert linked[0].metadata["weight"] == "10"
-    weighted = await search(
-        stack, collection, "gRPC", [common_pb2.MetadataClause(key="weight", op=common_pb2.FILTER_OP_EXISTS)]
-    )
+    weighted = await search(stack, collection, "gRPC", {"weight": EXISTS})
     assert {h.doc_id for h in weighted} == {"introduction.md"}
     # Front matter is not body text.
     assert all("linkTitle" not in h.text and "spelling:" not in h.text for h in everything)
@@ -236,12 +219,7 @@ async def test_obsidian_vault(stack: Stack, mesh: Mesh, tmp_path: Path) -> None:
     assert "Discussed the launch and Budget > Q3 with the ragmesh team." in standup.text
     assert "[[" not in standup.text and "whiteboard" not in standup.text
     assert standup.metadata["tags"] == "meeting, status/active"
-    tagged = await search(
-        stack,
-        collection,
-        "ragmesh",
-        [common_pb2.MetadataClause(key="tag:status.active", op=common_pb2.FILTER_OP_EQ, values=["true"])],
-    )
+    tagged = await search(stack, collection, "ragmesh", {"tag:status.active": "true"})
     assert {h.doc_id for h in tagged} == {"Daily/Standup.md"}
 
 

@@ -19,11 +19,10 @@ import pytest
 
 from meshkit.collections import COLLECTIONS_BUCKET, CollectionRecord, EmbedderIdentity
 from meshkit.settings import EmbedderSettings, GatewaySettings
-from ragmesh.gateway.v1 import gateway_pb2 as pb
-from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli import reindex
 from ragmesh_cli.stack import Stack
+from ragmesh_client import AsyncClient, FailedPreconditionError, RagmeshError, RetryPolicy, SearchResponse
 
 from .meshclients import Mesh, replicas_of
 from .test_ingest import FAILED, INDEXED, new_collection
@@ -76,33 +75,34 @@ async def default_embedder_after(stack: Stack) -> AsyncIterator[None]:
     await restart_embedders(stack, None)
 
 
-async def search(
-    gateway: gateway_pb2_grpc.GatewayServiceStub, collection: str, query: str
-) -> pb.SearchResponse:
+def gateway_of(mesh: Mesh) -> AsyncClient:
+    """The gateway through ragmesh_client, never retrying: every failed search counts."""
+    return mesh.client(retry=RetryPolicy(max_attempts=1))
+
+
+async def search(gateway: AsyncClient, collection: str, query: str) -> SearchResponse:
     # No reranking: the loop measures availability, and a reranked search takes seconds on a
     # loaded 2-core box, too few of them would span the reindex.
-    request = pb.SearchRequest(collection=collection, query=query, top_k=5, rerank=False)
-    return await gateway.Search(request, timeout=20)
+    return await gateway.search(collection, query, top_k=5, rerank=False, timeout=20)
 
 
-async def refused_search(
-    gateway: gateway_pb2_grpc.GatewayServiceStub, collection: str
-) -> grpc.aio.AioRpcError:
+async def refused_search(gateway: AsyncClient, collection: str) -> RagmeshError:
     """The search's refusal, once the gateway's breaker has let the restarted embedder back in
     (until then the dense leg is only degraded and the search answers from the sparse legs)."""
     deadline = time.monotonic() + 30
     while True:
         try:
             await search(gateway, collection, "volcanic rock")
-        except grpc.aio.AioRpcError as exc:
+        except RagmeshError as exc:
             return exc
         assert time.monotonic() < deadline, "the search was never refused"
         await asyncio.sleep(0.5)
 
 
 async def test_another_embedder_is_refused_on_search_and_ingest(
-    stack: Stack, mesh: Mesh, gateway: gateway_pb2_grpc.GatewayServiceStub, default_embedder_after: None
+    stack: Stack, mesh: Mesh, default_embedder_after: None
 ) -> None:
+    gateway = gateway_of(mesh)
     collection = new_collection()
     await mesh.ingest_indexed(collection, DOCS)
     record = await record_of(stack, collection)
@@ -115,16 +115,12 @@ async def test_another_embedder_is_refused_on_search_and_ingest(
     await restart_embedders(stack, RENAMED)
 
     refused = await refused_search(gateway, collection)
-    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.details()
-    message = refused.details() or ""
+    assert isinstance(refused, FailedPreconditionError), refused
+    message = refused.message
     assert f"'{DEFAULT.embedder_model_name}'" in message and f"'{RENAMED}'" in message
     assert f"ragmesh reindex --collection {collection}" in message
-    asked = None
-    try:
-        await gateway.Ask(pb.AskRequest(collection=collection, query="what is basalt?"), timeout=30)
-    except grpc.aio.AioRpcError as exc:
-        asked = exc
-    assert asked is not None and asked.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(FailedPreconditionError):
+        await gateway.ask(collection, "what is basalt?", timeout=30)
 
     await mesh.ingest(
         collection, [("glacier.md", "# Glaciers\n\nA ragmesh note: glacier ice flows slowly downhill.")]
@@ -167,11 +163,9 @@ def scifact_subset() -> list[ingestion_pb2.Document]:
 class SearchLoop:
     """Searches the collection back to back, recording every answer and every failure."""
 
-    def __init__(
-        self, gateway: gateway_pb2_grpc.GatewayServiceStub, collection: str, queries: list[str]
-    ) -> None:
+    def __init__(self, gateway: AsyncClient, collection: str, queries: list[str]) -> None:
         self.gateway, self.collection, self.queries = gateway, collection, queries
-        self.answers: list[pb.SearchResponse] = []
+        self.answers: list[SearchResponse] = []
         self.failures: list[str] = []
         self._stop = asyncio.Event()
 
@@ -182,8 +176,8 @@ class SearchLoop:
             i += 1
             try:
                 reply = await search(self.gateway, self.collection, query)
-            except grpc.aio.AioRpcError as exc:
-                self.failures.append(f"{query!r}: {exc.code().name}: {exc.details()}")
+            except RagmeshError as exc:
+                self.failures.append(f"{query!r}: {exc.code.name}: {exc.message}")
             else:
                 self.answers.append(reply)
                 if not reply.results:
@@ -203,13 +197,14 @@ async def sparse_chunks(mesh: Mesh, collection: str) -> int:
         return 0
 
 
-def dense_refused(reply: pb.SearchResponse) -> bool:
-    return any(d.stage == pb.STAGE_EMBEDDER for d in reply.degradations)
+def dense_refused(reply: SearchResponse) -> bool:
+    return any(d.stage == "embedder" for d in reply.degradations)
 
 
 async def test_reindex_moves_to_the_new_embedder_while_searches_answer(
-    stack: Stack, mesh: Mesh, gateway: gateway_pb2_grpc.GatewayServiceStub, default_embedder_after: None
+    stack: Stack, mesh: Mesh, default_embedder_after: None
 ) -> None:
+    gateway = gateway_of(mesh)
     collection = new_collection()
     docs = scifact_subset()
     await mesh.ingestion.IngestDocuments(
@@ -224,7 +219,7 @@ async def test_reindex_moves_to_the_new_embedder_while_searches_answer(
     # The model changes: the collection is refused until it is reindexed.
     await restart_embedders(stack, RENAMED)
     refused = await refused_search(gateway, collection)
-    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert isinstance(refused, FailedPreconditionError), refused
 
     loop = SearchLoop(gateway, collection, [d.title for d in docs])
     out = io.StringIO()

@@ -37,6 +37,15 @@ class Script:
     stream_break: grpc.StatusCode | None = None
     seen: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # ListDocuments serves these ids (source_uri "file:///<id>"), paged by the request's limit.
+    documents: list[str] = field(default_factory=list)
+    # ReindexCollection: documents indexed into the new generation per step.
+    reindex_per_step: int = 2
+    reindexed: int = 0
+    reindex_started: bool = False
+    reindex_documents: int = 5
+    # (collection, start) of every ReindexCollection call.
+    reindex_calls: list[tuple[str, bool]] = field(default_factory=list)
 
     def attempts(self, method: str) -> int:
         return sum(1 for s in self.seen if s.method == method)
@@ -148,17 +157,68 @@ class FakeGateway(_Base, gateway_pb2_grpc.GatewayServiceServicer):
         yield gateway_pb2.AskStreamResponse(answer=ask_reply(self.script.degraded))
 
 
+def _judged(document: Any) -> ingestion_pb2.SubmitResult:
+    """As the API judges each document on its own: an empty one is rejected with its reason."""
+    if not document.content:
+        return ingestion_pb2.SubmitResult(
+            doc_id=document.doc_id, outcome=ingestion_pb2.SUBMIT_OUTCOME_REJECTED, reason="empty document"
+        )
+    return ingestion_pb2.SubmitResult(
+        doc_id=document.doc_id, outcome=ingestion_pb2.SUBMIT_OUTCOME_QUEUED, content_sha256="ab"
+    )
+
+
 class FakeIngestion(_Base, ingestion_pb2_grpc.IngestionServiceServicer):
     def IngestDocuments(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._attempt("IngestDocuments", context)
-        return ingestion_pb2.IngestDocumentsResponse(
-            results=[
-                ingestion_pb2.SubmitResult(
-                    doc_id=d.doc_id, outcome=ingestion_pb2.SUBMIT_OUTCOME_QUEUED, content_sha256="ab"
-                )
-                for d in request.documents
-            ]
+        return ingestion_pb2.IngestDocumentsResponse(results=[_judged(d) for d in request.documents])
+
+    def ListDocuments(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._attempt("ListDocuments", context)
+        ids = sorted(
+            i
+            for i in self.script.documents
+            if i > request.after_doc_id and f"file:///{i}".startswith(request.source_uri_prefix)
         )
+        page, rest = ids[: request.limit], ids[request.limit :]
+        return ingestion_pb2.ListDocumentsResponse(
+            documents=[
+                ingestion_pb2.DocumentSummary(
+                    doc_id=i, state=ingestion_pb2.DOCUMENT_STATE_INDEXED, source_uri=f"file:///{i}"
+                )
+                for i in page
+            ],
+            next_after_doc_id=page[-1] if rest else "",
+        )
+
+    def ReindexCollection(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """A reindex of ``reindex_documents`` documents, ``reindex_per_step`` more indexed per
+        call, then one retiring step, then done."""
+        self._attempt("ReindexCollection", context)
+        script = self.script
+        with script.lock:
+            script.reindex_calls.append((request.collection, request.start))
+            reply = ingestion_pb2.ReindexCollectionResponse(
+                collection=request.collection, serving_generation=1, serving_model="minilm"
+            )
+            if script.reindexed > script.reindex_documents:
+                reply.phase = ingestion_pb2.REINDEX_PHASE_DONE
+                reply.serving_generation = 2
+            elif script.reindexed == script.reindex_documents:
+                script.reindexed += 1
+                reply.phase = ingestion_pb2.REINDEX_PHASE_RETIRING
+                reply.serving_generation, reply.other_generation, reply.retiring = 2, 1, 3
+            elif not script.reindex_started and not request.start:
+                reply.phase = ingestion_pb2.REINDEX_PHASE_DONE
+            else:
+                script.reindex_started = True
+                script.reindexed = min(script.reindexed + script.reindex_per_step, script.reindex_documents)
+                reply.phase = ingestion_pb2.REINDEX_PHASE_BUILDING
+                reply.other_generation, reply.documents = 2, script.reindex_documents
+                reply.indexed = script.reindexed
+                reply.pending = script.reindex_documents - script.reindexed
+                reply.building_model = "minilm"
+        return reply
 
     def DeleteDocuments(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._attempt("DeleteDocuments", context)

@@ -1,5 +1,5 @@
 """ragmesh-client: typed sync and asyncio clients for the ragmesh gateway (search, ask, streamed
-ask) and ingestion API (ingest, status, delete, dead letters), with deadlines on every call,
+ask) and ingestion API (ingest, status, listing, delete, dead letters, reindex), with deadlines on every call,
 retries only for safe reads, API keys and TLS.
 
     from ragmesh_client import Client
@@ -7,11 +7,13 @@ retries only for safe reads, API keys and TLS.
         print(rm.ask("default", "How do I rotate an API key?").text)
 """
 
+from ragmesh_client._convert import Filter
 from ragmesh_client.aio import AsyncClient
 from ragmesh_client.client import Client
 from ragmesh_client.config import TLS, ClientConfig, RetryPolicy, Timeouts
 from ragmesh_client.errors import (
     DeadlineExceededError,
+    DocumentsRejectedError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -22,6 +24,7 @@ from ragmesh_client.errors import (
     UnavailableError,
 )
 from ragmesh_client.types import (
+    EXISTS,
     Answer,
     AskDelta,
     AskEvent,
@@ -33,7 +36,12 @@ from ragmesh_client.types import (
     Degradation,
     Document,
     DocumentStatus,
+    DocumentSummary,
+    Exists,
+    IngestResult,
     Location,
+    Not,
+    ReindexProgress,
     ReplayResult,
     SearchResponse,
     SearchResult,
@@ -43,6 +51,7 @@ from ragmesh_client.types import (
 )
 
 __all__ = [
+    "EXISTS",
     "TLS",
     "Answer",
     "AskDelta",
@@ -59,12 +68,19 @@ __all__ = [
     "Degradation",
     "Document",
     "DocumentStatus",
+    "DocumentSummary",
+    "DocumentsRejectedError",
+    "Exists",
     "FailedPreconditionError",
+    "Filter",
+    "IngestResult",
     "InvalidArgumentError",
     "Location",
+    "Not",
     "NotFoundError",
     "PermissionDeniedError",
     "RagmeshError",
+    "ReindexProgress",
     "ReplayResult",
     "ResourceExhaustedError",
     "RetryPolicy",

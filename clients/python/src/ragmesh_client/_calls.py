@@ -3,10 +3,11 @@ reply. The sync and asyncio clients only differ in how they run a ``Call``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -15,20 +16,28 @@ from ragmesh_client import _convert
 from ragmesh_client._pb.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh_client._pb.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_client.config import TLS, ClientConfig, RetryPolicy, Timeouts, grpc_target
-from ragmesh_client.errors import degraded_error
+from ragmesh_client.errors import DocumentsRejectedError, RagmeshError, degraded_error
 from ragmesh_client.types import (
     Answer,
     CollectionStatus,
     DeadLetterPage,
     Document,
     DocumentStatus,
+    DocumentSummary,
+    IngestResult,
+    ReindexProgress,
     ReplayResult,
     SearchResponse,
-    Submitted,
 )
 
 T = TypeVar("T")
 GATEWAY, INGESTION = "gateway", "ingestion"
+# What ingest does with rejected documents: return them in the result (report), raise
+# DocumentsRejectedError when any was rejected (raise) or when none was accepted.
+OnRejected = Literal["report", "raise", "raise_if_none_accepted"]
+ON_REJECTED: tuple[OnRejected, ...] = ("report", "raise", "raise_if_none_accepted")
+# The most documents one ListDocuments page may ask for (the API's own limit).
+MAX_PAGE = 10_000
 
 
 @dataclass(frozen=True)
@@ -188,19 +197,29 @@ class CallBuilder:
     # ------------------------------------------------------------------ ingestion
 
     def _ingest(
-        self, collection: str, documents: Iterable[Document], timeout: float | None
-    ) -> Call[tuple[Submitted, ...]]:
+        self, collection: str, documents: Iterable[Document], timeout: float | None, on_rejected: OnRejected
+    ) -> Call[IngestResult]:
+        if on_rejected not in ON_REJECTED:
+            raise ValueError(f"on_rejected must be one of {', '.join(ON_REJECTED)}, not {on_rejected!r}")
         request = ingestion_pb2.IngestDocumentsRequest(
             collection=collection, documents=[_convert.document_message(d) for d in documents]
         )
         if not request.documents:
             raise ValueError("no documents to ingest")
+
+        def read(reply: Any, request_id: str) -> IngestResult:
+            result = _convert.submitted(reply)
+            refused = result.rejected and (on_rejected == "raise" or not result.accepted)
+            if refused and on_rejected != "report":
+                raise DocumentsRejectedError(result, request_id)
+            return result
+
         return Call(
             INGESTION,
             "IngestDocuments",
             request,
             self._timeout(timeout, self.config.timeouts.ingest),
-            lambda reply, _rid: _convert.submitted(reply),
+            read,
         )
 
     @staticmethod
@@ -245,6 +264,34 @@ class CallBuilder:
             lambda reply, _rid: int(reply.queued),
         )
 
+    def _list_documents(
+        self, collection: str, source_prefix: str, page_size: int, after: str, timeout: float | None
+    ) -> Call[tuple[tuple[DocumentSummary, ...], str]]:
+        """One page of ListDocuments: the documents and the cursor of the next page ("" at the end)."""
+        if not 1 <= page_size <= MAX_PAGE:
+            raise ValueError(f"page_size must be 1..{MAX_PAGE}, not {page_size}")
+        return Call(
+            INGESTION,
+            "ListDocuments",
+            ingestion_pb2.ListDocumentsRequest(
+                collection=collection, source_uri_prefix=source_prefix, limit=page_size, after_doc_id=after
+            ),
+            self._timeout(timeout, self.config.timeouts.other),
+            lambda reply, _rid: (
+                tuple(_convert.document_summary(d) for d in reply.documents),
+                reply.next_after_doc_id,
+            ),
+        )
+
+    def _reindex_step(self, collection: str, start: bool, timeout: float | None) -> Call[ReindexProgress]:
+        return Call(
+            INGESTION,
+            "ReindexCollection",
+            ingestion_pb2.ReindexCollectionRequest(collection=collection, start=start),
+            self._timeout(timeout, self.config.timeouts.other),
+            lambda reply, _rid: _convert.reindex_progress(reply),
+        )
+
     def _dead_letters(
         self, collection: str, limit: int, after_sequence: int, timeout: float | None
     ) -> Call[DeadLetterPage]:
@@ -275,3 +322,53 @@ class CallBuilder:
 def finished(statuses: Iterable[DocumentStatus]) -> bool:
     """Every document reached a final state (indexed, failed or deleted)."""
     return all(s.state in ("indexed", "failed", "deleted") for s in statuses)
+
+
+# A reindex step that failed on the way (the API restarting, NATS failing over, a step slower
+# than its deadline) is tried again by ``reindex``: the step is idempotent and the reindex's
+# state lives in the collection record, not in the caller.
+TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# Pause before trying a failed step again.
+STEP_RETRY_PAUSE_S = 1.0
+
+
+class ReindexDriver:
+    """What ``reindex`` decides between steps, for both clients (they only differ in how they
+    call a step and how they sleep): whether the next step starts the reindex, whether a failed
+    step is tried again, when to give up, and how long to pause."""
+
+    def __init__(
+        self,
+        on_progress: Callable[[ReindexProgress], None] | None,
+        interval_s: float,
+        timeout: float | None,
+        step_retry_s: float,
+    ) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError("timeout must be > 0 seconds (None: wait until done)")
+        now = time.monotonic()
+        self.on_progress, self.interval_s, self.timeout = on_progress, interval_s, timeout
+        self.step_retry_s = step_retry_s
+        self.deadline = None if timeout is None else now + timeout
+        self.retry_until = now + step_retry_s
+        # Only the first step begins a reindex; the others advance (or report) the one begun.
+        self.start = True
+
+    def failed(self, exc: RagmeshError) -> float:
+        """The pause before trying again a step that failed on the way within the retry
+        window since the last step that answered; anything else is raised."""
+        if exc.code not in TRANSIENT or time.monotonic() >= self.retry_until:
+            raise exc
+        return STEP_RETRY_PAUSE_S
+
+    def answered(self, progress: ReindexProgress) -> float | None:
+        """None when the reindex is done, else the pause before the next step; TimeoutError
+        once ``timeout`` has passed."""
+        self.start, self.retry_until = False, time.monotonic() + self.step_retry_s
+        if self.on_progress is not None:
+            self.on_progress(progress)
+        if progress.done:
+            return None
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise TimeoutError(f"reindex of {progress.collection!r} not complete within {self.timeout:g}s")
+        return self.interval_s

@@ -25,7 +25,12 @@ from ragmesh_client.types import (
     Degradation,
     Document,
     DocumentStatus,
+    DocumentSummary,
+    Exists,
+    IngestResult,
     Location,
+    Not,
+    ReindexProgress,
     ReplayResult,
     SearchResponse,
     SearchResult,
@@ -49,6 +54,8 @@ FORMATS = {
     "text": ingestion_pb2.DOCUMENT_FORMAT_TEXT,
     "html": ingestion_pb2.DOCUMENT_FORMAT_HTML,
     "pdf": ingestion_pb2.DOCUMENT_FORMAT_PDF,
+    # Markdown of an Obsidian vault: wikilinks read as their text, embeds dropped, #tags kept.
+    "obsidian_markdown": ingestion_pb2.DOCUMENT_FORMAT_OBSIDIAN_MARKDOWN,
 }
 FORMAT_OF_SUFFIX = {
     ".md": "markdown",
@@ -60,8 +67,9 @@ FORMAT_OF_SUFFIX = {
     ".pdf": "pdf",
 }
 
-# A filter: {"key": "value"} (equals) or {"key": ["a", "b"]} (one of); every entry must hold.
-Filter = Mapping[str, str | Sequence[str]]
+# A filter: {"key": "value"} (equals), {"key": ["a", "b"]} (one of), {"key": Not("v")} (not
+# equal; documents without the key match) or {"key": EXISTS} (set); every entry must hold.
+Filter = Mapping[str, str | Sequence[str] | Not | Exists]
 # Earlier turns: ("user" | "assistant", text) pairs or {"role": ..., "content": ...} dicts.
 History = Iterable[tuple[str, str] | Mapping[str, str]]
 
@@ -82,6 +90,12 @@ def metadata_filter(spec: Filter) -> common_pb2.MetadataFilter:
     for key, value in spec.items():
         if isinstance(value, str):
             clauses.append(common_pb2.MetadataClause(key=key, op=common_pb2.FILTER_OP_EQ, values=[value]))
+        elif isinstance(value, Not):
+            clauses.append(
+                common_pb2.MetadataClause(key=key, op=common_pb2.FILTER_OP_NE, values=[value.value])
+            )
+        elif isinstance(value, Exists):
+            clauses.append(common_pb2.MetadataClause(key=key, op=common_pb2.FILTER_OP_EXISTS))
         else:
             clauses.append(common_pb2.MetadataClause(key=key, op=common_pb2.FILTER_OP_IN, values=list(value)))
     return common_pb2.MetadataFilter(clauses=clauses)
@@ -319,14 +333,41 @@ def _time(message: Any, name: str) -> datetime | None:
     return stamp
 
 
-def submitted(response: ingestion_pb2.IngestDocumentsResponse) -> tuple[Submitted, ...]:
-    return tuple(
+def submitted(response: ingestion_pb2.IngestDocumentsResponse) -> IngestResult:
+    return IngestResult(
         Submitted(
             r.doc_id,
             _enum_name(ingestion_pb2.SubmitOutcome, r.outcome, "SUBMIT_OUTCOME_"),
             r.content_sha256,
+            r.reason,
         )
         for r in response.results
+    )
+
+
+def document_summary(summary: ingestion_pb2.DocumentSummary) -> DocumentSummary:
+    return DocumentSummary(
+        doc_id=summary.doc_id,
+        state=_enum_name(ingestion_pb2.DocumentState, summary.state, "DOCUMENT_STATE_"),
+        source_uri=summary.source_uri,
+        content_sha256=summary.content_sha256,
+    )
+
+
+def reindex_progress(response: ingestion_pb2.ReindexCollectionResponse) -> ReindexProgress:
+    return ReindexProgress(
+        collection=response.collection,
+        phase=_enum_name(ingestion_pb2.ReindexPhase, response.phase, "REINDEX_PHASE_"),
+        serving_generation=response.serving_generation,
+        other_generation=response.other_generation,
+        documents=response.documents,
+        indexed=response.indexed,
+        pending=response.pending,
+        failed=response.failed,
+        retiring=response.retiring,
+        serving_model=response.serving_model,
+        building_model=response.building_model,
+        raw=response,
     )
 
 

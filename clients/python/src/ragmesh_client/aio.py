@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -13,9 +13,16 @@ import grpc
 from google.protobuf.message import Message
 from grpc import aio
 
-from ragmesh_client._calls import GATEWAY, Call, CallBuilder, finished
+from ragmesh_client._calls import (
+    GATEWAY,
+    Call,
+    CallBuilder,
+    OnRejected,
+    ReindexDriver,
+    finished,
+)
 from ragmesh_client.config import ClientConfig, new_request_id
-from ragmesh_client.errors import from_rpc_error
+from ragmesh_client.errors import RagmeshError, from_rpc_error
 from ragmesh_client.types import (
     Answer,
     AskEvent,
@@ -23,9 +30,11 @@ from ragmesh_client.types import (
     DeadLetterPage,
     Document,
     DocumentStatus,
+    DocumentSummary,
+    IngestResult,
+    ReindexProgress,
     ReplayResult,
     SearchResponse,
-    Submitted,
 )
 
 T = TypeVar("T")
@@ -118,9 +127,14 @@ class AsyncClient(CallBuilder):
     # ------------------------------------------------------------------ ingestion
 
     async def ingest(
-        self, collection: str, documents: Iterable[Document], *, timeout: float | None = None
-    ) -> tuple[Submitted, ...]:
-        return await self._run(self._ingest(collection, documents, timeout))
+        self,
+        collection: str,
+        documents: Iterable[Document],
+        *,
+        timeout: float | None = None,
+        on_rejected: OnRejected = "report",
+    ) -> IngestResult:
+        return await self._run(self._ingest(collection, documents, timeout, on_rejected))
 
     async def ingest_files(
         self,
@@ -129,8 +143,11 @@ class AsyncClient(CallBuilder):
         *,
         metadata: dict[str, str] | None = None,
         timeout: float | None = None,
-    ) -> tuple[Submitted, ...]:
-        return await self.ingest(collection, self._files(paths, metadata), timeout=timeout)
+        on_rejected: OnRejected = "report",
+    ) -> IngestResult:
+        return await self.ingest(
+            collection, self._files(paths, metadata), timeout=timeout, on_rejected=on_rejected
+        )
 
     async def document_status(
         self, collection: str, doc_ids: Sequence[str], *, timeout: float | None = None
@@ -157,6 +174,61 @@ class AsyncClient(CallBuilder):
 
     async def delete(self, collection: str, doc_ids: Sequence[str], *, timeout: float | None = None) -> int:
         return await self._run(self._delete(collection, doc_ids, timeout))
+
+    async def list_documents(
+        self,
+        collection: str,
+        *,
+        source_prefix: str = "",
+        page_size: int = 1000,
+        timeout: float | None = None,
+    ) -> AsyncIterator[DocumentSummary]:
+        """Every document of the collection (not deleted ones; only those whose source_uri starts
+        with ``source_prefix`` when given) in doc id order, a page of ``page_size`` per call;
+        ``timeout`` is each page's deadline."""
+        after = ""
+        while True:
+            page, after = await self._run(
+                self._list_documents(collection, source_prefix, page_size, after, timeout)
+            )
+            for summary in page:
+                yield summary
+            if not after:
+                return
+
+    async def reindex_step(
+        self, collection: str, *, start: bool = False, timeout: float | None = None
+    ) -> ReindexProgress:
+        """Advance the collection's reindex by one bounded step (``start``: begin one when none
+        is in progress) and report where it stands. Idempotent: retried like a read."""
+        return await self._run(self._reindex_step(collection, start, timeout))
+
+    async def reindex(
+        self,
+        collection: str,
+        *,
+        on_progress: Callable[[ReindexProgress], None] | None = None,
+        interval_s: float = 2.0,
+        timeout: float | None = None,
+        step_timeout: float = 60.0,
+        step_retry_s: float = 120.0,
+    ) -> ReindexProgress:
+        """Start (or resume) the collection's reindex and step it until done, calling
+        ``on_progress`` after every step; returns the last (done) progress. TimeoutError after
+        ``timeout`` seconds (None: never); the reindex stays where it is, and calling again
+        resumes it. A step failing on the way (UNAVAILABLE, DEADLINE_EXCEEDED) is tried again
+        for up to ``step_retry_s``."""
+        driver = ReindexDriver(on_progress, interval_s, timeout, step_retry_s)
+        while True:
+            try:
+                progress = await self.reindex_step(collection, start=driver.start, timeout=step_timeout)
+            except RagmeshError as exc:
+                await asyncio.sleep(driver.failed(exc))
+                continue
+            pause = driver.answered(progress)
+            if pause is None:
+                return progress
+            await asyncio.sleep(pause)
 
     async def dead_letters(
         self,

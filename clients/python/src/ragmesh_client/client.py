@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -11,9 +11,17 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from ragmesh_client._calls import GATEWAY, INGESTION, Call, CallBuilder, finished
+from ragmesh_client._calls import (
+    GATEWAY,
+    INGESTION,
+    Call,
+    CallBuilder,
+    OnRejected,
+    ReindexDriver,
+    finished,
+)
 from ragmesh_client.config import ClientConfig, new_request_id
-from ragmesh_client.errors import from_rpc_error
+from ragmesh_client.errors import RagmeshError, from_rpc_error
 from ragmesh_client.types import (
     Answer,
     AskEvent,
@@ -21,9 +29,11 @@ from ragmesh_client.types import (
     DeadLetterPage,
     Document,
     DocumentStatus,
+    DocumentSummary,
+    IngestResult,
+    ReindexProgress,
     ReplayResult,
     SearchResponse,
-    Submitted,
 )
 
 T = TypeVar("T")
@@ -125,10 +135,18 @@ class Client(CallBuilder):
     # ------------------------------------------------------------------ ingestion
 
     def ingest(
-        self, collection: str, documents: Iterable[Document], *, timeout: float | None = None
-    ) -> tuple[Submitted, ...]:
-        """Submit documents (all-or-nothing: an invalid one fails the call, nothing is stored)."""
-        return self._run(self._ingest(collection, documents, timeout))
+        self,
+        collection: str,
+        documents: Iterable[Document],
+        *,
+        timeout: float | None = None,
+        on_rejected: OnRejected = "report",
+    ) -> IngestResult:
+        """Submit documents; each is judged on its own: a valid one is stored and queued, an
+        invalid one is rejected with its reason (``result.rejected``) and nothing of it stored.
+        ``on_rejected``: report (return them), raise (DocumentsRejectedError if any was
+        rejected; the others were still queued) or raise_if_none_accepted."""
+        return self._run(self._ingest(collection, documents, timeout, on_rejected))
 
     def ingest_files(
         self,
@@ -137,9 +155,10 @@ class Client(CallBuilder):
         *,
         metadata: dict[str, str] | None = None,
         timeout: float | None = None,
-    ) -> tuple[Submitted, ...]:
+        on_rejected: OnRejected = "report",
+    ) -> IngestResult:
         """Files as documents: id = file name, format from the suffix (.md, .txt, .html, .pdf)."""
-        return self.ingest(collection, self._files(paths, metadata), timeout=timeout)
+        return self.ingest(collection, self._files(paths, metadata), timeout=timeout, on_rejected=on_rejected)
 
     def document_status(
         self, collection: str, doc_ids: Sequence[str], *, timeout: float | None = None
@@ -168,6 +187,60 @@ class Client(CallBuilder):
     def delete(self, collection: str, doc_ids: Sequence[str], *, timeout: float | None = None) -> int:
         """Queue the documents' deletion; returns how many were queued."""
         return self._run(self._delete(collection, doc_ids, timeout))
+
+    def list_documents(
+        self,
+        collection: str,
+        *,
+        source_prefix: str = "",
+        page_size: int = 1000,
+        timeout: float | None = None,
+    ) -> Iterator[DocumentSummary]:
+        """Every document of the collection (not deleted ones; only those whose source_uri starts
+        with ``source_prefix`` when given) in doc id order, a page of ``page_size`` per call;
+        ``timeout`` is each page's deadline."""
+        after = ""
+        while True:
+            page, after = self._run(
+                self._list_documents(collection, source_prefix, page_size, after, timeout)
+            )
+            yield from page
+            if not after:
+                return
+
+    def reindex_step(
+        self, collection: str, *, start: bool = False, timeout: float | None = None
+    ) -> ReindexProgress:
+        """Advance the collection's reindex by one bounded step (``start``: begin one when none
+        is in progress) and report where it stands. Idempotent: retried like a read."""
+        return self._run(self._reindex_step(collection, start, timeout))
+
+    def reindex(
+        self,
+        collection: str,
+        *,
+        on_progress: Callable[[ReindexProgress], None] | None = None,
+        interval_s: float = 2.0,
+        timeout: float | None = None,
+        step_timeout: float = 60.0,
+        step_retry_s: float = 120.0,
+    ) -> ReindexProgress:
+        """Start (or resume) the collection's reindex and step it until done, calling
+        ``on_progress`` after every step; returns the last (done) progress. TimeoutError after
+        ``timeout`` seconds (None: never); the reindex stays where it is, and calling again
+        resumes it. A step failing on the way (UNAVAILABLE, DEADLINE_EXCEEDED) is tried again
+        for up to ``step_retry_s``."""
+        driver = ReindexDriver(on_progress, interval_s, timeout, step_retry_s)
+        while True:
+            try:
+                progress = self.reindex_step(collection, start=driver.start, timeout=step_timeout)
+            except RagmeshError as exc:
+                time.sleep(driver.failed(exc))
+                continue
+            pause = driver.answered(progress)
+            if pause is None:
+                return progress
+            time.sleep(pause)
 
     def dead_letters(
         self,

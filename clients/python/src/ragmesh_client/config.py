@@ -28,7 +28,16 @@ INGESTION_SERVICE = "ragmesh.ingestion.v1.IngestionService"
 # Reads: repeating one changes nothing on the server.
 SAFE_METHODS: dict[str, tuple[str, ...]] = {
     GATEWAY_SERVICE: ("Search", "Ask", "AskStream"),
-    INGESTION_SERVICE: ("GetDocumentStatus", "GetCollectionStatus", "ListCollections", "ListDeadLetters"),
+    INGESTION_SERVICE: (
+        "GetDocumentStatus",
+        "GetCollectionStatus",
+        "ListCollections",
+        "ListDocuments",
+        "ListDeadLetters",
+        # Idempotent by design: a step recomputes its plan from the collection record and the
+        # status view, so a repeated step never submits a document twice.
+        "ReindexCollection",
+    ),
 }
 RETRYABLE_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
 AUTHORIZATION_HEADER = "authorization"

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from ragmesh_client.types import Degradation
+from ragmesh_client.types import Degradation, IngestResult
 
 REQUEST_ID_HEADER = "x-request-id"
 
@@ -43,6 +43,27 @@ class RagmeshError(Exception):
 
 class InvalidArgumentError(RagmeshError):
     """The request was refused as malformed (empty query, bad id, a limit exceeded)."""
+
+
+class DocumentsRejectedError(InvalidArgumentError):
+    """``ingest(..., on_rejected="raise" | "raise_if_none_accepted")`` found rejected documents.
+    ``rejected`` holds each one with its reason; ``result`` the whole outcome (with
+    ``on_rejected="raise"`` the accepted documents of the call were stored and queued)."""
+
+    # Reasons quoted in the message; every one is in ``rejected``.
+    SHOWN = 5
+
+    def __init__(self, result: IngestResult, request_id: str = "") -> None:
+        rejected = result.rejected
+        reasons = "; ".join(f"{s.doc_id}: {s.reason}" for s in rejected[: self.SHOWN])
+        more = f"; and {len(rejected) - self.SHOWN} more" if len(rejected) > self.SHOWN else ""
+        super().__init__(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{len(rejected)} of {len(result)} documents rejected ({reasons}{more})",
+            request_id=request_id,
+        )
+        self.result = result
+        self.rejected = rejected
 
 
 class NotFoundError(RagmeshError):

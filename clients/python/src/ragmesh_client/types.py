@@ -27,6 +27,21 @@ class Degradation:
 
 
 @dataclass(frozen=True)
+class Not:
+    """A filter value: the key is not set to ``value`` (documents without the key match too)."""
+
+    value: str
+
+
+@dataclass(frozen=True)
+class Exists:
+    """A filter value: the key is set, to anything (use the ``EXISTS`` instance)."""
+
+
+EXISTS = Exists()
+
+
+@dataclass(frozen=True)
 class Location:
     """Where a chunk lies in its document."""
 
@@ -164,9 +179,37 @@ class Document:
 @dataclass(frozen=True)
 class Submitted:
     doc_id: str
-    # queued, or unchanged (the same bytes are already indexed).
+    # queued, unchanged (the same bytes are already indexed) or rejected (see reason).
     outcome: str
     content_sha256: str
+    # Why the document was rejected (empty, undecodable, too large, bad id...); "" otherwise.
+    reason: str = ""
+
+
+class IngestResult(tuple[Submitted, ...]):
+    """What ``ingest`` returns: a ``Submitted`` per document, in request order (it is a tuple of
+    them), with the outcomes picked out. The API judges each document on its own: a rejected
+    one is listed here with its reason while the others are stored and queued."""
+
+    def _with(self, outcome: str) -> tuple[Submitted, ...]:
+        return tuple(s for s in self if s.outcome == outcome)
+
+    @property
+    def queued(self) -> tuple[Submitted, ...]:
+        return self._with("queued")
+
+    @property
+    def unchanged(self) -> tuple[Submitted, ...]:
+        return self._with("unchanged")
+
+    @property
+    def rejected(self) -> tuple[Submitted, ...]:
+        return self._with("rejected")
+
+    @property
+    def accepted(self) -> tuple[Submitted, ...]:
+        """Stored and queued, or already indexed: every document that was not rejected."""
+        return tuple(s for s in self if s.outcome != "rejected")
 
 
 @dataclass(frozen=True)
@@ -216,3 +259,53 @@ class ReplayResult:
     superseded: int
     # Continue from here; 0 when this batch reached the end.
     next_after_sequence: int
+
+
+@dataclass(frozen=True)
+class DocumentSummary:
+    """A document of a collection as ``list_documents`` reports it."""
+
+    doc_id: str
+    # queued, processing, indexed, failed, deleting (deleted documents are not listed).
+    state: str
+    # The source_uri of its latest submission.
+    source_uri: str
+    # sha256 of the bytes indexed, or of those pending.
+    content_sha256: str
+
+
+@dataclass(frozen=True)
+class ReindexProgress:
+    """Where a collection's reindex stands after one step (see ``reindex_step``)."""
+
+    collection: str
+    # building (the new generation is filling; readers use the old one), retiring (readers
+    # switched; the old generation is being deleted) or done (no reindex in progress).
+    phase: str
+    # The generation readers use.
+    serving_generation: int
+    # The generation being built (building) or deleted (retiring); 0 when done.
+    other_generation: int
+    # building: documents the new generation must hold, how many it holds at their current
+    # version, how many wait for a worker there, how many failed there (dead letters: the switch
+    # waits until they are replayed and indexed).
+    documents: int
+    indexed: int
+    pending: int
+    failed: int
+    # retiring: documents of the old generation not deleted yet.
+    retiring: int
+    # The embedder (model id) of the serving generation, and of the one being built once known.
+    serving_model: str
+    building_model: str
+    raw: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    @property
+    def stuck_on_failures(self) -> bool:
+        """Building, nothing left in flight, and documents failed in the new generation: the
+        switch waits until they are replayed (``replay_dead_letters``) and indexed."""
+        return self.phase == "building" and self.failed > 0 and self.pending == 0
