@@ -40,18 +40,10 @@ from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.ingestion.chunking import ChunkDraft, Chunker
 from services.ingestion.events import IngestEvent
 from services.ingestion.frontmatter import merged_metadata
-from services.ingestion.lifecycle import (
-    COUNTED,
-    PERMANENT,
-    STATE_STORE_ERRORS,
-    TRANSIENT,
-    Claim,
-    ClaimLost,
-    DocRecord,
-    FailureKind,
-    Lifecycle,
-    Versioned,
-)
+from services.ingestion.lifecycle import Lifecycle
+from services.ingestion.lifecycle_entries import DocRecord, Versioned
+from services.ingestion.lifecycle_outcomes import COUNTED, PERMANENT, TRANSIENT, Claim, ClaimLost, FailureKind
+from services.ingestion.lifecycle_retry import STATE_STORE_ERRORS
 from services.ingestion.sandbox import DocumentSandbox, PreparationFailed
 
 log = logging.getLogger(__name__)

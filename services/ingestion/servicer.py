@@ -33,23 +33,11 @@ from meshkit.settings import IngestionSettings
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from services.ingestion.deadletters import DeadLetter, DeadLetters
 from services.ingestion.events import IngestEvent, new_request_id, object_key_for
-from services.ingestion.lifecycle import (
-    DELETED,
-    DELETING,
-    FAILED,
-    INDEXED,
-    PROCESSING,
-    QUEUED,
-    REQUESTED,
-    REQUEUED,
-    STATE_STORE_ERRORS,
-    UNCHANGED,
-    Contended,
-    DocStatus,
-    Lifecycle,
-    RequestOutcome,
-    unneeded,
-)
+from services.ingestion.lifecycle import Lifecycle
+from services.ingestion.lifecycle_entries import DocStatus
+from services.ingestion.lifecycle_requests import REQUESTED, REQUEUED, UNCHANGED, RequestOutcome, unneeded
+from services.ingestion.lifecycle_retry import STATE_STORE_ERRORS, Contended
+from services.ingestion.lifecycle_states import DELETED, DELETING, FAILED, INDEXED, PROCESSING, QUEUED
 from services.ingestion.normalize import detect_format, document_problem
 from services.ingestion.reindex import Reindexer, generations, to_response
 from services.ingestion.status_view import StatusView

@@ -41,14 +41,14 @@ from meshkit.settings import IngestionSettings
 from services.ingestion.chunking import Chunker
 from services.ingestion.deadletters import DeadLetters
 from services.ingestion.events import IngestEvent, MalformedEvent
-from services.ingestion.lifecycle import (
+from services.ingestion.lifecycle import Lifecycle
+from services.ingestion.lifecycle_outcomes import (
     Busy,
     Claim,
     ClaimResult,
     Done,
     Failure,
     GiveUp,
-    Lifecycle,
     Lost,
     Retry,
     Skip,

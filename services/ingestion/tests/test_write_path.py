@@ -21,7 +21,7 @@ from nats.js.kv import KeyValue
 from meshkit.errors import ServiceError
 from meshkit.ids import doc_key, sha256_hex
 from ragmesh.ingestion.v1 import ingestion_pb2
-from services.ingestion import lifecycle
+from services.ingestion import lifecycle, lifecycle_requests
 
 from .conftest import MD, STATUS_BUCKET, Harness
 
@@ -578,7 +578,10 @@ async def test_a_document_indexed_by_an_older_preparation_is_indexed_again(
     await harness.wait_state("c", "n.md", INDEXED)
     assert (await harness.submit("c", "n.md", doc("same"))).outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
     # A new release changes what the same bytes become.
-    monkeypatch.setattr(lifecycle, "PREPARATION_VERSION", lifecycle.PREPARATION_VERSION + 1)
+    # Both users of the version: the API's check (lifecycle_requests) and the worker's record.
+    newer = lifecycle_requests.PREPARATION_VERSION + 1
+    monkeypatch.setattr(lifecycle_requests, "PREPARATION_VERSION", newer)
+    monkeypatch.setattr(lifecycle, "PREPARATION_VERSION", newer)
     assert (await harness.submit("c", "n.md", doc("same"))).outcome == ingestion_pb2.SUBMIT_OUTCOME_QUEUED
     status = await harness.wait_state("c", "n.md", INDEXED)
     assert status.attempts >= 1
