@@ -41,6 +41,7 @@ from meshkit.settings import IngestionSettings
 from services.ingestion.chunking import Chunker
 from services.ingestion.deadletters import DeadLetters
 from services.ingestion.events import IngestEvent, MalformedEvent
+from services.ingestion.jobs import Job, JobFailure, Settle
 from services.ingestion.lifecycle import Lifecycle
 from services.ingestion.lifecycle_outcomes import (
     Busy,
@@ -55,8 +56,9 @@ from services.ingestion.lifecycle_outcomes import (
     Success,
     Superseded,
 )
-from services.ingestion.pipeline import IngestPipeline, Job, JobFailure, Settle, Stores
+from services.ingestion.pipeline import IngestPipeline
 from services.ingestion.reconciler import Reconciler
+from services.ingestion.stores import Stores
 from services.ingestion.topology import ensure_topology
 
 log = logging.getLogger("ingestion.worker")
