@@ -19,14 +19,8 @@ class ClaimLost(Exception):
 
 
 PERMANENT: Final = "permanent"
-
-
 TRANSIENT: Final = "transient"
-
-
 COUNTED: Final = "counted"
-
-
 FailureKind = Literal["permanent", "transient", "counted"]
 
 
@@ -106,6 +100,4 @@ class Lost:
 
 
 ClaimResult = Claim | Skip | Busy | GiveUp
-
-
 FinishResult = Done | Superseded | Retry | GiveUp | Lost

@@ -18,24 +18,10 @@ UNCHANGED: Final = "unchanged"
 # change that alters chunk text: a document indexed by an older version is then re-indexed when
 # it is submitted again instead of being UNCHANGED (2: Markdown front matter and shortcodes
 # stripped; 3: front matter and tags as metadata, wikilinks resolved, heading-only pages).
-
-
-# What a document's bytes become (normalisation, chunking) has this version. Bump it with any
-# change that alters chunk text: a document indexed by an older version is then re-indexed when
-# it is submitted again instead of being UNCHANGED (2: Markdown front matter and shortcodes
-# stripped; 3: front matter and tags as metadata, wikilinks resolved, heading-only pages).
 PREPARATION_VERSION: Final = 3
-
-
 PENDING: Final = "pending"
-
-
 REQUESTED: Final = "requested"
-
-
 ABSENT: Final = "absent"
-
-
 RequestOutcome = Literal["unchanged", "pending", "requested", "absent"]
 
 

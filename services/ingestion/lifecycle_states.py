@@ -8,34 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 NEW = "new"  # no status entry yet (only as the source of a transition)
-
-
 QUEUED = "queued"
-
-
 PROCESSING = "processing"
-
-
 INDEXED = "indexed"
-
-
 FAILED = "failed"
-
-
 DELETING = "deleting"
-
-
 DELETED = "deleted"
-
-
 STATES = (QUEUED, PROCESSING, INDEXED, FAILED, DELETING, DELETED)
-
-
 FINAL_STATES = frozenset({INDEXED, FAILED, DELETED})
-# States in which the document's current request still has to be processed: an event for it
-# must be on the stream (the reconciler sees to it).
-
-
 # States in which the document's current request still has to be processed: an event for it
 # must be on the stream (the reconciler sees to it).
 PENDING_STATES = frozenset({QUEUED, PROCESSING, DELETING})
@@ -51,14 +31,8 @@ class Transition:
 
 
 _WAITING = (QUEUED, DELETING)
-
-
 _ANY_REQUESTABLE = (NEW, QUEUED, DELETING, INDEXED, FAILED, DELETED)
-
-
 _HOLDS = "holds the claim (owner and fence)"
-
-
 TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         _ANY_REQUESTABLE, "submit", "the bytes differ from the indexed and the pending version", QUEUED, "API"
