@@ -32,7 +32,6 @@ OVERSIZED = frozenset(
     {
         "libs/meshkit/evidence_text.py",
         "services/index/store.py",
-        "services/ingestion/tests/test_write_path.py",
         "services/sparse/collection.py",
     }
 )
