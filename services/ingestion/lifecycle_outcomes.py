@@ -1,7 +1,7 @@
 """What the workers' side of the lifecycle answers: a claim (``Claim`` or why not: ``Skip``,
 ``Busy``, ``GiveUp``), the outcome a worker reports (``Success``, ``Failure`` and its kinds) and
-what recording it did (``Done``, ``Superseded``, ``Retry``, ``Lost``), plus the exceptions of the
-state store's users (a lost claim).
+what recording it did (``Done``, ``Superseded``, ``Retry``, ``Lost``), and ``ClaimLost``, raised
+when a write finds its claim taken over.
 """
 
 from __future__ import annotations
