@@ -26,19 +26,6 @@ LAYERED_PACKAGES = {
 }
 MAX_LINES = 500
 SKIPPED_DIRS = {"gen", "_pb", ".venv", "node_modules", "build", "dist", "__pycache__"}
-# Modules over the limit when the limit came (issue 14), each to be split by its owner; a module
-# leaves the list when it is split (test_oversized_list_is_current), and no other may join it.
-OVERSIZED = frozenset(
-    {
-        "services/ingestion/chunking.py",
-        "services/ingestion/lifecycle.py",
-        "services/ingestion/pipeline.py",
-        "services/ingestion/servicer.py",
-        "services/ingestion/tests/test_write_path.py",
-    }
-)
-
-
 # ---------------------------------------------------------------------------- import graph
 
 
@@ -190,16 +177,9 @@ def oversized_modules() -> dict[str, int]:
     return {path: lines for path, lines in sorted(counts.items()) if lines > MAX_LINES}
 
 
-def test_no_new_module_over_500_lines() -> None:
-    new = {path: lines for path, lines in oversized_modules().items() if path not in OVERSIZED}
-    assert not new, f"modules over {MAX_LINES} lines (split them by concern): {new}"
-
-
-def test_oversized_list_is_current() -> None:
-    """A module split below the limit leaves OVERSIZED, so it cannot grow back unnoticed."""
-    present = set(oversized_modules())
-    stale = sorted(OVERSIZED - present)
-    assert not stale, f"no longer over {MAX_LINES} lines (or gone): remove from OVERSIZED: {stale}"
+def test_no_module_over_500_lines() -> None:
+    oversized = oversized_modules()
+    assert not oversized, f"modules over {MAX_LINES} lines (split them by concern): {oversized}"
 
 
 @pytest.mark.parametrize("directory", ["cli", "libs"])

@@ -28,20 +28,22 @@ infrastructure failure gives it back. Transient failures are bounded by time ins
 costs nothing. A claim that finds the charge at the limit dead-letters the document itself:
 no advisory subscription, no other process involved.
 
-The state machine is ``TRANSITIONS`` below (rendered in docs/ARCHITECTURE.md); every write
-checks that it follows it.
+The state machine is ``TRANSITIONS`` (services/ingestion/lifecycle_states.py, rendered in
+docs/ARCHITECTURE.md); every write checks that it follows it. This module holds the
+``Lifecycle`` itself (reads and compare-and-set writes of both buckets); beside it:
+``lifecycle_entries`` (the bucket entries), ``lifecycle_requests`` (the API's side: whether a
+request is needed and what recording it did), ``lifecycle_outcomes`` (the workers' side:
+claims and outcomes) and ``lifecycle_retry`` (compare-and-set conflicts and their retry
+policy).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Final, Literal, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -49,408 +51,49 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from meshkit.settings import IngestionSettings
-from services.ingestion.events import DELETE_TARGET, IngestEvent, MalformedEvent
-
-log = logging.getLogger(__name__)
+from services.ingestion.events import IngestEvent
+from services.ingestion.lifecycle_entries import DocRecord, DocStatus, Versioned, is_current, waiting_state
+from services.ingestion.lifecycle_outcomes import (
+    PERMANENT,
+    TRANSIENT,
+    Busy,
+    Claim,
+    ClaimLost,
+    ClaimResult,
+    Done,
+    Failure,
+    FinishResult,
+    GiveUp,
+    Lost,
+    Retry,
+    Skip,
+    Success,
+    Superseded,
+)
+from services.ingestion.lifecycle_requests import (
+    PREPARATION_VERSION,
+    REQUESTED,
+    REQUEUED,
+    Replayed,
+    Requested,
+    unneeded,
+)
+from services.ingestion.lifecycle_retry import CAS_POLICY, Conflict, RetryPolicy
+from services.ingestion.lifecycle_states import (
+    DELETED,
+    DELETING,
+    FAILED,
+    INDEXED,
+    NEW,
+    PROCESSING,
+    check_transition,
+)
 
 STATUS_BUCKET = "ragmesh_doc_status"
 RECORDS_BUCKET = "ragmesh_doc_records"
 
-NEW = "new"  # no status entry yet (only as the source of a transition)
-QUEUED = "queued"
-PROCESSING = "processing"
-INDEXED = "indexed"
-FAILED = "failed"
-DELETING = "deleting"
-DELETED = "deleted"
-STATES = (QUEUED, PROCESSING, INDEXED, FAILED, DELETING, DELETED)
-FINAL_STATES = frozenset({INDEXED, FAILED, DELETED})
-# States in which the document's current request still has to be processed: an event for it
-# must be on the stream (the reconciler sees to it).
-PENDING_STATES = frozenset({QUEUED, PROCESSING, DELETING})
 
-T = TypeVar("T")
-
-
-# --- the state machine ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Transition:
-    sources: tuple[str, ...]
-    event: str
-    guard: str
-    target: str
-    who: str
-
-
-_WAITING = (QUEUED, DELETING)
-_ANY_REQUESTABLE = (NEW, QUEUED, DELETING, INDEXED, FAILED, DELETED)
-_HOLDS = "holds the claim (owner and fence)"
-TRANSITIONS: tuple[Transition, ...] = (
-    Transition(
-        _ANY_REQUESTABLE, "submit", "the bytes differ from the indexed and the pending version", QUEUED, "API"
-    ),
-    Transition((QUEUED, INDEXED, FAILED), "delete", "not deleted, no delete pending", DELETING, "API"),
-    Transition(
-        (PROCESSING,),
-        "submit / delete",
-        "a worker holds the claim: kept, only the request changes",
-        PROCESSING,
-        "API",
-    ),
-    Transition(
-        (*_WAITING, PROCESSING),
-        "claim",
-        "event is the current request; lease expired or own claim; charged < max",
-        PROCESSING,
-        "worker",
-    ),
-    Transition(
-        (*_WAITING, PROCESSING), "give up", "event is the current request; charged >= max", FAILED, "worker"
-    ),
-    Transition((PROCESSING,), "renew", _HOLDS, PROCESSING, "worker (heartbeat)"),
-    Transition((PROCESSING,), "succeed", f"{_HOLDS}; request still current", INDEXED, "worker"),
-    Transition((PROCESSING,), "succeed (delete)", f"{_HOLDS}; request still current", DELETED, "worker"),
-    Transition(
-        (PROCESSING,), "finish (superseded)", f"{_HOLDS}; a newer request was recorded", QUEUED, "worker"
-    ),
-    Transition(
-        (PROCESSING,),
-        "finish (superseded by a delete)",
-        f"{_HOLDS}; a newer delete was recorded",
-        DELETING,
-        "worker",
-    ),
-    Transition(
-        (PROCESSING,), "fail permanently", f"{_HOLDS}; the document cannot be processed", FAILED, "worker"
-    ),
-    Transition(
-        (PROCESSING,),
-        "fail transiently",
-        f"{_HOLDS}; within the retry window; charge given back",
-        QUEUED,
-        "worker",
-    ),
-    Transition(
-        (PROCESSING,), "fail transiently (delete)", f"{_HOLDS}; as above, for a delete", DELETING, "worker"
-    ),
-    Transition(
-        (PROCESSING,),
-        "fail transiently past the window",
-        f"{_HOLDS}; failing longer than the window",
-        FAILED,
-        "worker",
-    ),
-    Transition((PROCESSING,), "fail (counted)", f"{_HOLDS}; charged < max", QUEUED, "worker"),
-    Transition((PROCESSING,), "fail (counted, delete)", f"{_HOLDS}; charged < max", DELETING, "worker"),
-    Transition((PROCESSING,), "fail (counted, last)", f"{_HOLDS}; charged >= max", FAILED, "worker"),
-    Transition((FAILED,), "replay", "the dead letter's request is the current one", QUEUED, "API (operator)"),
-    Transition(
-        (FAILED,),
-        "replay (delete)",
-        "the dead letter's request is the current one",
-        DELETING,
-        "API (operator)",
-    ),
-)
-# Not a transition: the reconciler republishes the current request's event of a document in
-# a pending state that has no event on the stream (whatever crashed between a status write and
-# its publish); the status is left as it is.
-
-
-class IllegalTransition(AssertionError):
-    """A write that does not follow TRANSITIONS: a bug, never a runtime condition."""
-
-
-def check_transition(source: str, event: str, target: str) -> None:
-    for t in TRANSITIONS:
-        if t.event == event and source in t.sources and t.target == target:
-            return
-    raise IllegalTransition(f"{source} --{event}--> {target} is not in the lifecycle's transition table")
-
-
-def transition_table() -> str:
-    """TRANSITIONS as the Markdown table docs/ARCHITECTURE.md carries (a test keeps them equal)."""
-    rows = ["| From | Event | Guard | To | Who |", "|---|---|---|---|---|"]
-    for t in TRANSITIONS:
-        rows.append(f"| {', '.join(t.sources)} | {t.event} | {t.guard} | {t.target} | {t.who} |")
-    return "\n".join(rows)
-
-
-# --- entries ----------------------------------------------------------------------------------
-
-
-def _known_fields(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
-    """Entries written by older or newer code: unknown fields are dropped, missing ones take
-    their defaults."""
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in raw.items() if k in names}
-
-
-@dataclass(frozen=True)
-class DocStatus:
-    collection: str
-    doc_id: str
-    state: str
-    # The current request (its event). None only for entries written before requests existed.
-    request: IngestEvent | None = None
-    target_sha256: str = ""
-    indexed_sha256: str = ""
-    # PREPARATION_VERSION of the code that indexed indexed_sha256 (1: before versions were kept).
-    indexed_version: int = 1
-    reason: str = ""
-    # Claims of the current request, and those of them that count against the limit.
-    attempts: int = 0
-    charged: int = 0
-    chunks: int = 0
-    # The claim: who holds it, its fence (the revision it compare-and-set), until when.
-    owner: str = ""
-    fence: int = 0
-    lease_until: float = 0.0
-    # When the current run of transient failures began (0: none), and how many there were.
-    transient_since: float = 0.0
-    retries: int = 0
-    updated_at: float = field(default_factory=time.time)
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id if self.request else ""
-
-    def with_changes(self, **changes: Any) -> DocStatus:
-        return replace(self, updated_at=time.time(), **changes)
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> DocStatus:
-        raw = _known_fields(cls, json.loads(data))
-        request = raw.pop("request", None)
-        status = cls(**raw)
-        if isinstance(request, dict):
-            try:
-                status = replace(status, request=IngestEvent.from_dict(request))
-            except MalformedEvent:
-                log.error("status entry with an undecodable request", extra={"doc_id": status.doc_id})
-        return status
-
-
-@dataclass(frozen=True)
-class DocRecord:
-    collection: str
-    doc_id: str
-    content_sha256: str
-    object_key: str
-    title: str
-    # Content-addressed chunk ids, in document order.
-    chunk_ids: list[str]
-    # Fence of the claim that wrote it (the stores were given the same one).
-    fence: int = 0
-    indexed_at: float = field(default_factory=time.time)
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> DocRecord:
-        return cls(**_known_fields(cls, json.loads(data)))
-
-
-@dataclass(frozen=True)
-class Versioned:
-    """A value with the KV revision it was read at (0: the key does not exist)."""
-
-    value: Any
-    revision: int
-
-
-def is_current(status: DocStatus, event: IngestEvent) -> bool:
-    """Whether ``event`` is the document's current request."""
-    if event.request_id:
-        return status.request_id == event.request_id
-    # An event published before requests had ids: current if nothing newer replaced it.
-    return not status.request_id and status.target_sha256 == event.target
-
-
-def waiting_state(request: IngestEvent | None) -> str:
-    """The state of a document whose request waits for a worker."""
-    return DELETING if request is not None and request.op == "delete" else QUEUED
-
-
-# --- outcomes ---------------------------------------------------------------------------------
-
-
-class Conflict(Exception):
-    """Another writer changed the entry since it was read."""
-
-
-class Contended(Exception):
-    """Compare-and-set kept conflicting for the whole retry policy: try again later."""
-
-
-class ClaimLost(Exception):
-    """The claim was taken over (its lease expired and another worker claimed the document):
-    nothing may be written under it any more."""
-
-
-# Infrastructure failures of the state store: the caller retries later, it costs no attempt.
-STATE_STORE_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, Contended)
-
-PERMANENT: Final = "permanent"
-TRANSIENT: Final = "transient"
-COUNTED: Final = "counted"
-FailureKind = Literal["permanent", "transient", "counted"]
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why processing failed. permanent: retrying cannot help (dead-letter now); transient:
-    infrastructure, retried for a window without counting; counted: anything else."""
-
-    reason: str
-    kind: FailureKind
-
-
-@dataclass(frozen=True)
-class Success:
-    indexed_sha256: str
-    chunks: int
-    deleted: bool
-
-
-@dataclass
-class Claim:
-    """A worker's hold on a document's current request."""
-
-    event: IngestEvent
-    owner: str
-    fence: int
-    status: DocStatus
-    lost: bool = False
-
-    @property
-    def key(self) -> str:
-        return self.event.key
-
-
-@dataclass(frozen=True)
-class Skip:
-    """Nothing to do for this event (superseded, already done): ack it. ``superseded``: its
-    request was replaced, so its bytes may be dropped."""
-
-    why: str
-    superseded: bool = False
-
-
-@dataclass(frozen=True)
-class Busy:
-    """Another live worker holds the document: look again after ``delay_s`` (costs nothing)."""
-
-    delay_s: float
-
-
-@dataclass(frozen=True)
-class GiveUp:
-    """The document is FAILED: dead-letter the event with this reason and terminate it."""
-
-    reason: str
-    attempts: int
-
-
-@dataclass(frozen=True)
-class Retry:
-    delay_s: float
-
-
-@dataclass(frozen=True)
-class Done:
-    pass
-
-
-@dataclass(frozen=True)
-class Superseded:
-    """A newer request was recorded while the claim ran; it waits for its own event."""
-
-
-@dataclass(frozen=True)
-class Lost:
-    pass
-
-
-ClaimResult = Claim | Skip | Busy | GiveUp
-FinishResult = Done | Superseded | Retry | GiveUp | Lost
-
-UNCHANGED: Final = "unchanged"
-# What a document's bytes become (normalisation, chunking) has this version. Bump it with any
-# change that alters chunk text: a document indexed by an older version is then re-indexed when
-# it is submitted again instead of being UNCHANGED (2: Markdown front matter and shortcodes
-# stripped; 3: front matter and tags as metadata, wikilinks resolved, heading-only pages).
-PREPARATION_VERSION: Final = 3
-PENDING: Final = "pending"
-REQUESTED: Final = "requested"
-ABSENT: Final = "absent"
-RequestOutcome = Literal["unchanged", "pending", "requested", "absent"]
-
-
-def unneeded(current: DocStatus | None, event: IngestEvent) -> RequestOutcome | None:
-    """Why ``event`` needs no new request, given the document's status: its version is indexed
-    (unchanged) or already waiting (pending), or it deletes nothing (absent). None: it does."""
-    if event.op == "delete":
-        if current is None or current.state == DELETED:
-            return ABSENT
-        if current.state in PENDING_STATES and current.target_sha256 == DELETE_TARGET:
-            return PENDING
-        return None
-    if current is None or current.target_sha256 != event.content_sha256:
-        return None
-    if not _same_source(current.request, event):
-        # Same bytes, new title, source URI or metadata: both stores must be told.
-        return None
-    if (
-        current.state == INDEXED
-        and current.indexed_sha256 == event.content_sha256
-        and current.indexed_version == PREPARATION_VERSION
-    ):
-        return UNCHANGED
-    if current.state in (QUEUED, PROCESSING):
-        return PENDING
-    return None
-
-
-def _same_source(request: IngestEvent | None, event: IngestEvent) -> bool:
-    """Whether ``event`` describes its document as ``request`` did (a status written before
-    requests were recorded has nothing to compare: only the bytes count, as they did then)."""
-    if request is None:
-        return True
-    return (request.title, request.source_uri, request.metadata) == (
-        event.title,
-        event.source_uri,
-        event.metadata,
-    )
-
-
-@dataclass(frozen=True)
-class Requested:
-    """What recording a request did: requested (written), unchanged (that version is indexed),
-    pending (that version is already waiting), absent (a delete of nothing)."""
-
-    outcome: RequestOutcome
-    revision: int
-    status: DocStatus | None
-
-
-REQUEUED: Final = "requeued"
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """requeued: ``event`` is the new current request, publish it; superseded: forget the letter."""
-
-    outcome: Literal["requeued", "superseded"]
-    event: IngestEvent | None = None
-    revision: int = 0
-    status: DocStatus | None = None
+# --- decisions of a compare-and-set ----------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -466,35 +109,6 @@ class _Keep:
 
 
 Decision = _Write | _Keep
-
-
-# --- the retry policy -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """The one policy of every compare-and-set: conflicts are retried with jittered
-    exponential backoff for up to ``deadline_s``, then Contended (a transient failure: the
-    caller leaves its event unacknowledged, so nothing is lost)."""
-
-    deadline_s: float = 10.0
-    first_backoff_s: float = 0.005
-    max_backoff_s: float = 0.25
-
-    async def run(self, attempt: Callable[[], Awaitable[T]]) -> T:
-        deadline = time.monotonic() + self.deadline_s
-        delay = self.first_backoff_s
-        while True:
-            try:
-                return await attempt()
-            except Conflict as exc:
-                if time.monotonic() >= deadline:
-                    raise Contended(str(exc)) from exc
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(self.max_backoff_s, delay * 2)
-
-
-CAS_POLICY = RetryPolicy()
 
 
 # --- the lifecycle ----------------------------------------------------------------------------

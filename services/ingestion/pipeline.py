@@ -12,6 +12,9 @@ Every write happens under the job's claim (services/ingestion/lifecycle.py): the
 checked before the stores are written, the stores get its fence and answer ``stale_doc_ids``
 for a replacement older than one they applied, and the record is committed only while the
 claim holds. A job whose claim was taken over writes nothing more and is settled as lost.
+
+What a job carries and how a failure is told to callers: services/ingestion/jobs.py; the
+downstream clients: services/ingestion/stores.py.
 """
 
 from __future__ import annotations
@@ -20,39 +23,27 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import Counter, Histogram
 
 from meshkit import tracing
-from meshkit.client import ClientPolicy, Downstream, DownstreamError
 from meshkit.collections import CollectionRegistry, EmbedderIdentity, RecordConflict
 from meshkit.errors import ServiceError
 from meshkit.ids import chunk_id_for, sha256_hex, shard_of
-from meshkit.objectstore import UNAVAILABLE_ERRORS, ObjectNotFound, ObjectStore
+from meshkit.objectstore import ObjectNotFound, ObjectStore
 from meshkit.settings import IngestionSettings
 from ragmesh.common.v1 import common_pb2
-from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
-from ragmesh.index.v1 import index_pb2, index_pb2_grpc
-from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
+from ragmesh.embedder.v1 import embedder_pb2
+from ragmesh.index.v1 import index_pb2
+from ragmesh.sparse.v1 import sparse_pb2
 from services.ingestion.chunking import ChunkDraft, Chunker
 from services.ingestion.events import IngestEvent
-from services.ingestion.frontmatter import merged_metadata
-from services.ingestion.lifecycle import (
-    COUNTED,
-    PERMANENT,
-    STATE_STORE_ERRORS,
-    TRANSIENT,
-    Claim,
-    ClaimLost,
-    DocRecord,
-    FailureKind,
-    Lifecycle,
-    Versioned,
-)
+from services.ingestion.jobs import Job, JobFailure, PreparedChunk, Settle, failure_of
+from services.ingestion.lifecycle import Lifecycle
+from services.ingestion.lifecycle_entries import DocRecord
+from services.ingestion.lifecycle_outcomes import ClaimLost
 from services.ingestion.sandbox import DocumentSandbox, PreparationFailed
+from services.ingestion.stores import Stores
 
 log = logging.getLogger(__name__)
 
@@ -68,118 +59,6 @@ STAGE_SECONDS = Histogram(
 
 CLEANUP_TIMEOUT_S = 60.0
 STORE_CALL_TIMEOUT_S = 120.0
-# DownstreamError reasons that say the downstream is unwell, not that the document is bad.
-TRANSIENT_DOWNSTREAM = frozenset({"unavailable", "deadline", "breaker_open"})
-
-
-class JobFailure(Exception):
-    """A document that could not be indexed. ``permanent``: retrying cannot help;
-    ``transient``: infrastructure trouble, retried for a window without counting an attempt.
-    The reason is shown to callers (status, dead letters): no internals in it."""
-
-    def __init__(self, reason: str, *, permanent: bool, transient: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.permanent = permanent
-        self.transient = transient and not permanent
-
-    @property
-    def kind(self) -> FailureKind:
-        return PERMANENT if self.permanent else TRANSIENT if self.transient else COUNTED
-
-
-def failure_of(exc: BaseException, stage: str, job: Job | None = None) -> JobFailure:
-    """A caller-safe failure for an exception raised while ``stage`` ran; the details are
-    logged (with the request id, through the logging context) instead."""
-    if isinstance(exc, JobFailure):
-        return exc
-    if isinstance(exc, DownstreamError):
-        transient = exc.reason in TRANSIENT_DOWNSTREAM
-        failure = JobFailure(
-            f"{exc.target} {exc.reason.replace('_', ' ')}", permanent=False, transient=transient
-        )
-    elif isinstance(exc, STATE_STORE_ERRORS):
-        failure = JobFailure("state store unavailable", permanent=False, transient=True)
-    elif isinstance(exc, UNAVAILABLE_ERRORS):
-        failure = JobFailure("object store unavailable", permanent=False, transient=True)
-    else:
-        failure = JobFailure(f"internal error while {stage}", permanent=False)
-    log.warning(
-        "document step failed",
-        extra={
-            "stage": stage,
-            "doc_id": job.event.doc_id if job else "",
-            "reason": failure.reason,
-            "error": repr(exc),
-        },
-    )
-    return failure
-
-
-@dataclass
-class PreparedChunk:
-    chunk_id: str
-    shard: int
-    draft: ChunkDraft
-    vector: list[float] | None = None
-
-
-@dataclass
-class Job:
-    """One claimed event and what the pipeline learns about it."""
-
-    event: IngestEvent
-    claim: Claim
-    chunks: list[PreparedChunk] = field(default_factory=list)
-    title: str = ""
-    # Metadata from the document's text (front matter, tags); the caller's keys override it.
-    document_metadata: dict[str, str] = field(default_factory=dict)
-    record: Versioned | None = None
-    failure: JobFailure | None = None
-    # The record was written (its previous object may be cleaned up).
-    committed: bool = False
-    # The span of the event being processed (None with tracing off), ended when it is settled.
-    trace: tracing.Incoming | None = None
-
-    @property
-    def key(self) -> str:
-        return self.event.key
-
-    def source(self) -> common_pb2.DocumentSource:
-        """Title, source URI and metadata, stored with the document in both stores."""
-        return common_pb2.DocumentSource(
-            title=self.title,
-            source_uri=self.event.source_uri,
-            metadata=merged_metadata(self.document_metadata, self.event.metadata),
-        )
-
-    @property
-    def fence(self) -> int:
-        return self.claim.fence
-
-    @property
-    def lost(self) -> bool:
-        return self.claim.lost
-
-    @property
-    def live(self) -> bool:
-        return self.failure is None and not self.claim.lost
-
-    @property
-    def previous_record(self) -> DocRecord | None:
-        return self.record.value if self.record else None
-
-    @property
-    def previous_chunk_ids(self) -> set[str]:
-        record = self.previous_record
-        return set(record.chunk_ids) if record else set()
-
-    def new_chunks(self) -> list[PreparedChunk]:
-        previous = self.previous_chunk_ids
-        return [c for c in self.chunks if c.chunk_id not in previous]
-
-
-Settle = Callable[[Job], Awaitable[None]]
 
 
 def _location(draft: ChunkDraft) -> common_pb2.ChunkLocation:
@@ -189,37 +68,6 @@ def _location(draft: ChunkDraft) -> common_pb2.ChunkLocation:
         char_start=draft.char_start,
         char_end=draft.char_end,
     )
-
-
-class Stores:
-    """The downstream services one worker writes to."""
-
-    def __init__(
-        self,
-        embedder: Downstream[embedder_pb2_grpc.EmbedderServiceStub],
-        shards: Sequence[Downstream[index_pb2_grpc.IndexServiceStub]],
-        sparse: Downstream[sparse_pb2_grpc.SparseServiceStub],
-    ) -> None:
-        self.embedder = embedder
-        self.shards = list(shards)
-        self.sparse = sparse
-
-    @classmethod
-    def from_settings(cls, settings: IngestionSettings) -> Stores:
-        policy = ClientPolicy.from_settings(settings)
-        return cls(
-            Downstream("embedder", settings.embedder_address, embedder_pb2_grpc.EmbedderServiceStub, policy),
-            [
-                Downstream(f"index-{i}", address, index_pb2_grpc.IndexServiceStub, policy)
-                for i, address in enumerate(settings.index_address_list())
-            ],
-            Downstream("sparse", settings.sparse_address, sparse_pb2_grpc.SparseServiceStub, policy),
-        )
-
-    async def close(self) -> None:
-        downstreams: list[Downstream[Any]] = [self.embedder, *self.shards, self.sparse]
-        for downstream in downstreams:
-            await downstream.close()
 
 
 class IngestPipeline:

@@ -24,7 +24,9 @@ from prometheus_client import Counter
 
 from meshkit.settings import IngestionSettings
 from services.ingestion.events import IngestEvent, MalformedEvent
-from services.ingestion.lifecycle import PENDING_STATES, DocStatus, Lifecycle
+from services.ingestion.lifecycle import Lifecycle
+from services.ingestion.lifecycle_entries import DocStatus
+from services.ingestion.lifecycle_states import PENDING_STATES
 from services.ingestion.status_view import follow_statuses
 from services.ingestion.topology import publish_event
 

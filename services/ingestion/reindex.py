@@ -36,17 +36,9 @@ from meshkit.objectstore import ObjectNotFound, ObjectStore
 from meshkit.settings import IngestionSettings
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.events import IngestEvent, new_request_id, object_key_for
-from services.ingestion.lifecycle import (
-    DELETED,
-    FAILED,
-    INDEXED,
-    PENDING,
-    PENDING_STATES,
-    UNCHANGED,
-    DocStatus,
-    RequestOutcome,
-    unneeded,
-)
+from services.ingestion.lifecycle_entries import DocStatus
+from services.ingestion.lifecycle_requests import PENDING, UNCHANGED, RequestOutcome, unneeded
+from services.ingestion.lifecycle_states import DELETED, FAILED, INDEXED, PENDING_STATES
 from services.ingestion.status_view import StatusView
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """IngestionService: validates documents, stores their bytes in the object store, records
 each submission or delete as the document's current request (services/ingestion/lifecycle.py:
 the status write is the commit point) and announces it on the ingest stream; reports
-lifecycle and manages dead letters.
+lifecycle and manages dead letters. The checks of submitted documents are in
+services/ingestion/submissions.py, the status messages in services/ingestion/status_messages.py.
 
 Errors returned to callers say what failed and what to do, with the request id; the
 exception itself is logged under that id, never sent."""
@@ -11,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import grpc
 import nats
-from google.protobuf.timestamp_pb2 import Timestamp
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import Counter
@@ -24,44 +24,28 @@ from prometheus_client import Counter
 from meshkit.auth import READ, WRITE, Rule, readable
 from meshkit.collections import CollectionRegistry, open_collections_bucket, split_physical
 from meshkit.errors import ServiceError, invalid_argument, not_found, resource_exhausted, unavailable
-from meshkit.ids import doc_id_problem, doc_key, sha256_hex, validate_collection, validate_doc_id
+from meshkit.ids import doc_key, sha256_hex, validate_collection, validate_doc_id
 from meshkit.logs import current_request_id
-from meshkit.metadata import metadata_problem
 from meshkit.natsconn import connect_options
 from meshkit.objectstore import UNAVAILABLE_ERRORS, ObjectStore
 from meshkit.settings import IngestionSettings
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from services.ingestion.deadletters import DeadLetter, DeadLetters
 from services.ingestion.events import IngestEvent, new_request_id, object_key_for
-from services.ingestion.lifecycle import (
-    DELETED,
-    DELETING,
-    FAILED,
-    INDEXED,
-    PROCESSING,
-    QUEUED,
-    REQUESTED,
-    REQUEUED,
-    STATE_STORE_ERRORS,
-    UNCHANGED,
-    Contended,
-    DocStatus,
-    Lifecycle,
-    RequestOutcome,
-    unneeded,
-)
-from services.ingestion.normalize import detect_format, document_problem
+from services.ingestion.lifecycle import Lifecycle
+from services.ingestion.lifecycle_entries import DocStatus
+from services.ingestion.lifecycle_requests import REQUESTED, REQUEUED, UNCHANGED, RequestOutcome, unneeded
+from services.ingestion.lifecycle_retry import STATE_STORE_ERRORS, Contended
+from services.ingestion.lifecycle_states import DELETED, DELETING, FAILED, INDEXED, PROCESSING, QUEUED
 from services.ingestion.reindex import Reindexer, generations, to_response
+from services.ingestion.status_messages import STATE_TO_PROTO, status_message, timestamp
 from services.ingestion.status_view import StatusView
+from services.ingestion.submissions import Submission, validate_documents
 from services.ingestion.topology import ensure_topology, publish_event
 
 log = logging.getLogger("ingestion.api")
 
 SUBMITTED = Counter("ragmesh_ingest_submitted_total", "Documents submitted, by outcome.", ["outcome"])
-REJECTED = Counter("ragmesh_ingest_rejected_total", "Documents rejected at submission (invalid).")
-MAX_TITLE_CHARS = 1000
-MAX_METADATA_ENTRIES = 64
-MAX_METADATA_CHARS = 4096
 MAX_STATUS_IDS = 1000
 SUBMIT_CONCURRENCY = 32
 DEFAULT_LIST_LIMIT = 1000
@@ -85,28 +69,6 @@ ACCESS = {
     "ReplayDeadLetters": Rule(WRITE, _collection, all_when_empty=True),
     "ReindexCollection": Rule(WRITE, _collection),
 }
-
-STATE_TO_PROTO = {
-    QUEUED: ingestion_pb2.DOCUMENT_STATE_QUEUED,
-    PROCESSING: ingestion_pb2.DOCUMENT_STATE_PROCESSING,
-    INDEXED: ingestion_pb2.DOCUMENT_STATE_INDEXED,
-    FAILED: ingestion_pb2.DOCUMENT_STATE_FAILED,
-    DELETING: ingestion_pb2.DOCUMENT_STATE_DELETING,
-    DELETED: ingestion_pb2.DOCUMENT_STATE_DELETED,
-}
-
-
-@dataclass(frozen=True)
-class Submission:
-    doc: ingestion_pb2.Document
-    fmt: int
-    sha: str
-
-
-def _timestamp(seconds: float) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int(seconds * 1e9))
-    return ts
 
 
 def unavailable_error(doing: str, exc: BaseException, **context: Any) -> ServiceError:
@@ -194,7 +156,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         self, request: ingestion_pb2.IngestDocumentsRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.IngestDocumentsResponse:
         serving, *building = await self._generations(request.collection)
-        checked = self._validate_documents(request)
+        checked = validate_documents(request, self.settings)
         accepted = [item for item in checked if isinstance(item, Submission)]
         submitted = await asyncio.gather(*(self._submit(serving, s) for s in accepted))
         for collection in building:
@@ -203,70 +165,6 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         # One result per document, in request order: rejected ones in place of their submission.
         results = [item if isinstance(item, ingestion_pb2.SubmitResult) else next(queue) for item in checked]
         return ingestion_pb2.IngestDocumentsResponse(results=results)
-
-    def _validate_documents(
-        self, request: ingestion_pb2.IngestDocumentsRequest
-    ) -> list[Submission | ingestion_pb2.SubmitResult]:
-        """Per document: a Submission for a valid one, a REJECTED result with its reason for
-        an invalid one (nothing of it is written). Only request-level problems raise."""
-        docs = request.documents
-        if not docs:
-            raise invalid_argument("no documents in the request")
-        limit = self.settings.ingest_max_documents_per_request
-        if len(docs) > limit:
-            raise resource_exhausted(f"{len(docs)} documents in one request, the limit is {limit}")
-        seen: set[str] = set()
-        checked: list[Submission | ingestion_pb2.SubmitResult] = []
-        for doc in docs:
-            fmt = doc.format or (detect_format(doc.source_uri or doc.doc_id, doc.content) or 0)
-            problem = self._document_problem(doc, fmt, seen)
-            seen.add(doc.doc_id)
-            if problem:
-                REJECTED.inc()
-                checked.append(
-                    ingestion_pb2.SubmitResult(
-                        doc_id=doc.doc_id, outcome=ingestion_pb2.SUBMIT_OUTCOME_REJECTED, reason=problem
-                    )
-                )
-            else:
-                checked.append(Submission(doc, fmt, sha256_hex(doc.content)))
-        return checked
-
-    def _document_problem(self, doc: ingestion_pb2.Document, fmt: int, seen: set[str]) -> str | None:
-        problem = doc_id_problem(doc.doc_id)
-        if problem is None and doc.doc_id in seen:
-            problem = "doc_id appears twice in the request"
-        if problem is None and len(doc.content) > self.settings.ingest_max_document_bytes:
-            problem = (
-                f"document is too large: {len(doc.content)} bytes, "
-                f"the limit is {self.settings.ingest_max_document_bytes}"
-            )
-        return problem or self._metadata_problem(doc) or self._content_problem(doc, fmt)
-
-    @staticmethod
-    def _metadata_problem(doc: ingestion_pb2.Document) -> str | None:
-        if len(doc.title) > MAX_TITLE_CHARS:
-            return f"title is {len(doc.title)} chars, the limit is {MAX_TITLE_CHARS}"
-        if len(doc.metadata) > MAX_METADATA_ENTRIES:
-            return f"{len(doc.metadata)} metadata entries, the limit is {MAX_METADATA_ENTRIES}"
-        size = sum(len(k) + len(v) for k, v in doc.metadata.items()) + len(doc.source_uri)
-        if size > MAX_METADATA_CHARS:
-            return f"metadata and source_uri take {size} chars, the limit is {MAX_METADATA_CHARS}"
-        # Every key is indexed for filtering (meshkit.metadata): it must be one a filter can name.
-        return metadata_problem(doc.metadata)
-
-    @staticmethod
-    def _content_problem(doc: ingestion_pb2.Document, fmt: int) -> str | None:
-        if fmt == ingestion_pb2.DOCUMENT_FORMAT_UNSPECIFIED:
-            return "unknown format: set format or use a .md, .txt, .html or .pdf name"
-        if fmt not in ingestion_pb2.DocumentFormat.values():
-            return f"unknown format {fmt}"
-        if not doc.content:
-            return "document is empty"
-        if fmt == ingestion_pb2.DOCUMENT_FORMAT_PDF:
-            # Full parsing happens in the worker; an unparseable PDF is dead-lettered there.
-            return None if doc.content.startswith(b"%PDF-") else "content is not a PDF (no %PDF- header)"
-        return document_problem(doc.content, fmt)
 
     async def _submit(self, collection: str, submission: Submission) -> ingestion_pb2.SubmitResult:
         assert self.lifecycle is not None
@@ -411,20 +309,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         if unknown:
             raise not_found(f"no such documents in {request.collection!r}: {', '.join(unknown[:20])}")
         return ingestion_pb2.GetDocumentStatusResponse(
-            documents=[self._status_message(s) for s in statuses if s is not None]
-        )
-
-    @staticmethod
-    def _status_message(status: DocStatus) -> ingestion_pb2.DocumentStatus:
-        return ingestion_pb2.DocumentStatus(
-            collection=split_physical(status.collection)[0],
-            doc_id=status.doc_id,
-            state=STATE_TO_PROTO.get(status.state, ingestion_pb2.DOCUMENT_STATE_UNSPECIFIED),
-            reason=status.reason,
-            attempts=status.attempts,
-            chunks=status.chunks,
-            content_sha256=status.indexed_sha256 or status.target_sha256,
-            updated_at=_timestamp(status.updated_at),
+            documents=[status_message(s) for s in statuses if s is not None]
         )
 
     async def GetCollectionStatus(
@@ -492,7 +377,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
                     doc_id=letter.event.doc_id if letter.event else "",
                     reason=letter.reason,
                     attempts=letter.attempts,
-                    failed_at=_timestamp(letter.failed_at),
+                    failed_at=timestamp(letter.failed_at),
                 )
                 for letter in letters
             ],

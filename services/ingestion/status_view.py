@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from nats.js.kv import KeyValue
 
-from services.ingestion.lifecycle import DELETED, INDEXED, STATES, DocStatus
+from services.ingestion.lifecycle_entries import DocStatus
+from services.ingestion.lifecycle_states import DELETED, INDEXED, STATES
 
 log = logging.getLogger(__name__)
 

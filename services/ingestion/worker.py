@@ -41,22 +41,24 @@ from meshkit.settings import IngestionSettings
 from services.ingestion.chunking import Chunker
 from services.ingestion.deadletters import DeadLetters
 from services.ingestion.events import IngestEvent, MalformedEvent
-from services.ingestion.lifecycle import (
+from services.ingestion.jobs import Job, JobFailure, Settle
+from services.ingestion.lifecycle import Lifecycle
+from services.ingestion.lifecycle_outcomes import (
     Busy,
     Claim,
     ClaimResult,
     Done,
     Failure,
     GiveUp,
-    Lifecycle,
     Lost,
     Retry,
     Skip,
     Success,
     Superseded,
 )
-from services.ingestion.pipeline import IngestPipeline, Job, JobFailure, Settle, Stores
+from services.ingestion.pipeline import IngestPipeline
 from services.ingestion.reconciler import Reconciler
+from services.ingestion.stores import Stores
 from services.ingestion.topology import ensure_topology
 
 log = logging.getLogger("ingestion.worker")

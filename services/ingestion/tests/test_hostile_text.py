@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from ragmesh.ingestion.v1 import ingestion_pb2 as pb
-from services.ingestion import chunking, normalize
+from services.ingestion import chunking, markdown_sections, normalize, token_windows
 from services.ingestion.chunking import Chunker
 from services.ingestion.normalize import DocumentError
 
@@ -136,7 +136,7 @@ def assert_body_covered(markdown: str, chunks: list[chunking.ChunkDraft]) -> Non
     covered = bytearray(len(markdown))
     for c in chunks:
         covered[c.char_start : c.char_end] = b"\x01" * (c.char_end - c.char_start)
-    for section in chunking._sections(markdown)[1:]:
+    for section in markdown_sections.split_sections(markdown)[1:]:
         covered[section.start : section.body_start] = b"\x01" * (section.body_start - section.start)
     lost = [i for i, flag in enumerate(covered) if not flag and not markdown[i].isspace()]
     assert not lost, f"lost content at {lost[0]}: {markdown[max(0, lost[0] - 20) : lost[0] + 20]!r}"
@@ -177,14 +177,16 @@ def test_markdown_h1_matches_its_pattern(text: str) -> None:
 @given(st.text(st.sampled_from([" ", "\t", "#", "a", "\u3000", "\x0b"]), max_size=30))
 def test_atx_heading_matches_its_pattern(line: str) -> None:
     match = OLD_ATX_HEADING.match(line)
-    assert chunking._atx_heading(line) == ((len(match.group(1)), match.group(2) or "") if match else None)
+    assert markdown_sections._atx_heading(line) == (
+        (len(match.group(1)), match.group(2) or "") if match else None
+    )
 
 
 @settings(max_examples=500, deadline=None)
 @given(small_text(), st.integers(0, 40), st.integers(0, 40))
 def test_strip_span_matches_the_char_loop(text: str, a: int, b: int) -> None:
     start, end = sorted((min(a, len(text)), min(b, len(text))))
-    assert chunking._strip_span(text, start, end) == old_strip_span(text, start, end)
+    assert markdown_sections.strip_span(text, start, end) == old_strip_span(text, start, end)
 
 
 HTML_TAGS = ["<p>", "</p>", "<pre>", "</pre>", "<b>", "</b>", "<li>", "<br>"]
@@ -301,7 +303,7 @@ def test_five_megabytes_of_would_be_heading_lines_cost_linear_time() -> None:
     # Each line is under the 300-char heading limit, where the old pattern was quadratic: its
     # lazy text group retried the blank run before an optional closing sequence at every char.
     lines = ("# x" + " " * 295 + "y\n") * (5 * MEGABYTE // 300)
-    sections, took = timed(chunking._sections, lines)
+    sections, took = timed(markdown_sections.split_sections, lines)
     assert [s.path for s in sections[1:3]] == [("x y",), ("x y",)]
     assert took < BOUND_S
 
@@ -359,7 +361,7 @@ def test_one_five_megabyte_line_is_normalised_and_sectioned_in_time() -> None:
     line = " ".join(f"w{i}" for i in range(5 * MEGABYTE // 8)) + " " * MEGABYTE + "#"
     started = time.perf_counter()
     doc = normalize.normalize(line.encode(), MD, "")
-    sections = chunking._sections(doc.markdown)
+    sections = markdown_sections.split_sections(doc.markdown)
     assert time.perf_counter() - started < BOUND_S
     assert [len(s.paragraphs) for s in sections] == [1]
 
@@ -375,11 +377,11 @@ def test_a_one_megabyte_line_is_chunked_whole(chunker: Chunker, tokenizer: Token
 
 
 def test_huge_sections_chunk_as_one_pass_would(chunker: Chunker, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Past _TOKENIZE_PIECE_CHARS a section is tokenized in pieces: the chunks are the same.
+    # Past TOKENIZE_PIECE_CHARS a section is tokenized in pieces: the chunks are the same.
     text = " ".join(f"token{i % 977} and more." for i in range(8_000))
-    assert len(text) > chunking._TOKENIZE_PIECE_CHARS
+    assert len(text) > token_windows.TOKENIZE_PIECE_CHARS
     pieced = chunker.chunk(text, "T")
-    monkeypatch.setattr(chunking, "_TOKENIZE_PIECE_CHARS", 10 * len(text))
+    monkeypatch.setattr(chunking, "TOKENIZE_PIECE_CHARS", 10 * len(text))
     assert chunker.chunk(text, "T") == pieced
 
 

@@ -15,29 +15,30 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from meshkit.settings import IngestionSettings
 from services.ingestion.events import IngestEvent, new_request_id, object_key_for
-from services.ingestion.lifecycle import (
-    DELETING,
-    FAILED,
-    INDEXED,
-    PROCESSING,
-    QUEUED,
+from services.ingestion.lifecycle import Lifecycle, open_buckets
+from services.ingestion.lifecycle_entries import DocRecord
+from services.ingestion.lifecycle_outcomes import (
     Busy,
     Claim,
     ClaimLost,
-    Conflict,
-    DocRecord,
     Done,
     Failure,
     GiveUp,
-    IllegalTransition,
-    Lifecycle,
     Lost,
     Retry,
     Skip,
     Success,
     Superseded,
+)
+from services.ingestion.lifecycle_retry import Conflict
+from services.ingestion.lifecycle_states import (
+    DELETING,
+    FAILED,
+    INDEXED,
+    PROCESSING,
+    QUEUED,
+    IllegalTransition,
     check_transition,
-    open_buckets,
     transition_table,
 )
 from services.ingestion.reconciler import Reconciler

@@ -12,8 +12,10 @@ from typing import Any
 from meshkit.collections import COLLECTIONS_BUCKET, CollectionRecord, EmbedderIdentity
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.events import IngestEvent
-from services.ingestion.lifecycle import DELETED, PREPARATION_VERSION, DocStatus
-from services.ingestion.lifecycle import INDEXED as INDEXED_STATE
+from services.ingestion.lifecycle_entries import DocStatus
+from services.ingestion.lifecycle_requests import PREPARATION_VERSION
+from services.ingestion.lifecycle_states import DELETED
+from services.ingestion.lifecycle_states import INDEXED as INDEXED_STATE
 from services.ingestion.reindex import plan_build
 
 from .conftest import Harness

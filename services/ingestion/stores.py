@@ -1,0 +1,45 @@
+"""The downstream services one ingestion worker writes to: the embedder, every index shard and
+the sparse store, as ``meshkit.client.Downstream`` clients built from the settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from meshkit.client import ClientPolicy, Downstream
+from meshkit.settings import IngestionSettings
+from ragmesh.embedder.v1 import embedder_pb2_grpc
+from ragmesh.index.v1 import index_pb2_grpc
+from ragmesh.sparse.v1 import sparse_pb2_grpc
+
+
+class Stores:
+    """The downstream services one worker writes to."""
+
+    def __init__(
+        self,
+        embedder: Downstream[embedder_pb2_grpc.EmbedderServiceStub],
+        shards: Sequence[Downstream[index_pb2_grpc.IndexServiceStub]],
+        sparse: Downstream[sparse_pb2_grpc.SparseServiceStub],
+    ) -> None:
+        self.embedder = embedder
+        self.shards = list(shards)
+        self.sparse = sparse
+
+    @classmethod
+    def from_settings(cls, settings: IngestionSettings) -> Stores:
+        policy = ClientPolicy.from_settings(settings)
+        return cls(
+            Downstream("embedder", settings.embedder_address, embedder_pb2_grpc.EmbedderServiceStub, policy),
+            [
+                Downstream(f"index-{i}", address, index_pb2_grpc.IndexServiceStub, policy)
+                for i, address in enumerate(settings.index_address_list())
+            ],
+            Downstream("sparse", settings.sparse_address, sparse_pb2_grpc.SparseServiceStub, policy),
+        )
+
+    async def close(self) -> None:
+        downstreams: list[Downstream[Any]] = [self.embedder, *self.shards, self.sparse]
+        for downstream in downstreams:
+            await downstream.close()
