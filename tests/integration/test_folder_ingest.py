@@ -25,7 +25,8 @@ from .meshclients import MD, Mesh
 
 pytestmark = pytest.mark.integration
 
-GRPC_DOCS = Path("/work/shared/corpora/grpc-docs/docs/what-is-grpc")
+# Three real grpc-docs pages, committed with the tests (their README says where from).
+GRPC_DOCS = Path(__file__).parent / "data" / "grpc-docs"
 INDEXED = ingestion_pb2.DOCUMENT_STATE_INDEXED
 
 
