@@ -128,6 +128,10 @@ def channel_options(max_message_bytes: int = 64 * 1024 * 1024) -> list[tuple[str
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 2_000),
         ("grpc.enable_retries", 0),
+        # Connections of this channel only: with the process-wide pool, a channel to an address
+        # that a stopped server left in reconnect backoff shares that backoff when a new server
+        # takes the port, and its first calls fail UNAVAILABLE.
+        ("grpc.use_local_subchannel_pool", 1),
         # Spread calls over every address the target resolves to (a headless Service's pods,
         # or an ipv4:a,b list of local replicas) instead of sticking to the first.
         ("grpc.lb_policy_name", "round_robin"),
