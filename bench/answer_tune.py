@@ -16,7 +16,8 @@ it all under .cache/answer_tune/. ``tune`` replays services.gateway.sentences.se
 the gateway runs, over the cache for a grid of rules and prints, per rule: answered share and
 gold-cited share, citation precision and rationale recall on answerable sets, the refused share
 on unanswerable ones. ``ask`` asks a question file through the gateway's Ask (answered, gold
-cited, refused, p50). ``calibrate`` prints the score distributions of rationale sentences
+cited, refused, p50). ``collect`` also records each question's best dense cosine, the input of
+the topicality floor (``--similarity``). ``calibrate`` prints the score distributions of rationale sentences
 (positives) against the other sentences of the gold documents and of other documents.
 """
 
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from meshkit.answering import coverage
+from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli.answer_eval import RATIONALE_COVERAGE, read_rationales
 from ragmesh_cli.channels import gateway_client
 from ragmesh_cli.datasets import load_dataset
@@ -100,6 +102,12 @@ async def _search(address: str, collection: str, questions: list[dict[str, Any]]
                 for r in reply.results
             ]
             item["unknown"] = list(reply.unknown_terms)
+            # The gate's topicality input, as near as a reply shows it: the best dense cosine
+            # among the results (the gateway reads it over the dense leg's whole list).
+            dense = [
+                r.score for hit in reply.raw.results for r in hit.leg_ranks if r.leg == gateway_pb2.LEG_DENSE
+            ]
+            item["similarity"] = max(dense, default=None)
 
         await asyncio.gather(*(one(q) for q in questions))
 
@@ -208,7 +216,15 @@ def replay(
             scored.append(Scored(Candidate(c.passage, c.position, c.text), cached[key][1]))
     passage_scores = [r["rerank"] if r["rerank"] is not None else floor for r in read]
     texts = [r["text"] for r in read]
-    return read, select(item["question"], scored, texts, passage_scores, rules, item.get("unknown", []))
+    return read, select(
+        item["question"],
+        scored,
+        texts,
+        passage_scores,
+        rules,
+        item.get("unknown", []),
+        item.get("similarity"),
+    )
 
 
 def evaluate(
@@ -255,12 +271,14 @@ def tune(args: argparse.Namespace) -> None:
         args.sentence_margin,
         args.weight,
         args.unknown,
+        args.similarity,
     )
-    for gate, cov, margin, max_cited, per_passage, sentence_margin, weight, unknown in grid:
+    for gate, cov, margin, max_cited, per_passage, sentence_margin, weight, unknown, similarity in grid:
         rules = SelectionRules(
             gate_min_score=gate,
             gate_coverage_weight=cov,
             gate_unknown_weight=unknown,
+            gate_min_similarity=similarity,
             fact_min_score=args.fact_min,
             max_facts=args.max_facts,
             sentence_weight=weight,
@@ -280,7 +298,8 @@ def tune(args: argparse.Namespace) -> None:
             for name, m in _per_set(args.unanswerable, unanswerable, rules, args)
         ]
         print(
-            f"gate {gate:5.1f} cov {cov:.2f} unk {unknown:.1f} w {weight:.1f} margin {margin:.1f} "
+            f"gate {gate:5.1f} cov {cov:.2f} unk {unknown:.1f} sim {similarity:.2f} w {weight:.1f} "
+            f"margin {margin:.1f} "
             f"cited<={max_cited} per {per_passage} "
             f"sm {sentence_margin:.1f} | answered {a['answered']:.3f} gold {a['gold_cited']:.3f} "
             f"prec {a['precision']:.3f} rat {a['rationale_recall']:.3f} | refused {u['refused']:.3f}"
@@ -406,6 +425,9 @@ def main() -> None:
         t.add_argument("--gate", nargs="+", type=float, default=[0.0])
         t.add_argument("--coverage", nargs="+", type=float, default=[0.0])
         t.add_argument("--unknown", nargs="+", type=float, default=[0.0], help="gate_unknown_weight values")
+        t.add_argument(
+            "--similarity", nargs="+", type=float, default=[-1.0], help="gate_min_similarity values (-1: off)"
+        )
         t.add_argument("--margin", nargs="+", type=float, default=[1.0])
         t.add_argument("--max-cited", nargs="+", type=int, default=[2])
         t.add_argument("--per-passage", nargs="+", type=int, default=[2])

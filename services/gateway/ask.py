@@ -48,17 +48,22 @@ REPLY_MARGIN_S = 0.1
 # The gate's "no" (the cross-encoder found no sentence that answers, or the question's words are
 # not in the passages read).
 GATE_REASON = "no sentence of the passages read answers this question"
+OFF_TOPIC_REASON = "no passage of the collection is about this question"
 # How many of the words no document holds a refusal names.
 REFUSAL_TERMS = 5
 
 
-def gate_refusal(unknown_terms: Sequence[str]) -> str:
-    """Why the gate said no, naming the question's words that no document of the collection
-    holds: the caller sees what the documents never mention (or a typo of theirs)."""
+def gate_refusal(selection: Selection, unknown_terms: Sequence[str], floor: float) -> str:
+    """Why the gate said no: the question is off the collection's topic (no passage comes within
+    the similarity ``floor`` of it), or no sentence answers it, naming the question's words that
+    no document of the collection holds (what the documents never mention, or a typo)."""
+    reason = GATE_REASON
+    if selection.off_topic and selection.similarity is not None:
+        reason = f"{OFF_TOPIC_REASON} (best similarity {selection.similarity:.3f}, under {floor:.2f})"
     if not unknown_terms:
-        return GATE_REASON
+        return reason
     named = ", ".join(f'"{term}"' for term in unknown_terms[:REFUSAL_TERMS])
-    return f"{GATE_REASON}; no document mentions {named}"
+    return f"{reason}; no document mentions {named}"
 
 
 @dataclass(frozen=True)
@@ -207,11 +212,12 @@ class Asker:
             )
             with _deadline_scope(extract_end):
                 judge_started = time.perf_counter()
-                selection = await self._select(params, evidence, searched.unknown_terms, degradations)
+                selection = await self._select(params, evidence, searched, degradations)
                 if selection is not None:
                     timings["judge"] = ms(time.perf_counter() - judge_started)
                 if selection is not None and not selection.answered:
-                    gate_reason = gate_refusal(searched.unknown_terms)
+                    floor = self.settings.gateway_ask_gate_min_similarity
+                    gate_reason = gate_refusal(selection, searched.unknown_terms, floor)
                 elif selection is not None and params.mode == EXTRACTIVE:
                     facts = selection_facts(selection.facts, evidence)
                     stated = selection_facts(selection.answer, evidence)
@@ -276,13 +282,14 @@ class Asker:
             max_cited_passages=s.gateway_ask_max_cited,
             sentences_per_passage=s.gateway_ask_sentences_per_passage,
             sentence_margin=s.gateway_ask_sentence_margin,
+            gate_min_similarity=s.gateway_ask_gate_min_similarity,
         )
 
     async def _select(
         self,
         params: AskParams,
         evidence: list[Evidence],
-        unknown_terms: Sequence[str],
+        searched: SearchOutcome,
         degradations: list[Degradation],
     ) -> Selection | None:
         """The cross-encoder's verdict on the passages' sentences (see sentences.select); None
@@ -298,7 +305,8 @@ class Asker:
                 self._selection_rules(),
                 max_passages=self.settings.gateway_ask_sentence_passages,
                 max_pairs=self.settings.gateway_ask_sentence_pairs,
-                unknown_terms=unknown_terms,
+                unknown_terms=searched.unknown_terms,
+                similarity=searched.similarity,
             )
         except DownstreamError as exc:
             degradations.append(unchecked(exc))

@@ -27,6 +27,7 @@ from services.gateway.sentences import (
     SupportRules,
     best_support,
     candidates,
+    is_off_topic,
     select,
     support_candidates,
 )
@@ -72,16 +73,21 @@ class SentenceJudge:
         max_passages: int,
         max_pairs: int,
         unknown_terms: Sequence[str] = (),
+        similarity: float | None = None,
     ) -> Selection:
         """Score the passages' (title, text) candidate sentences against the question; select()
-        with the passages' own (reranker) scores and the question's words the collection lacks."""
+        with the passages' own (reranker) scores, the question's words the collection lacks and
+        its best dense cosine."""
         found = candidates(
             query, passages, max_passages=max_passages, max_sentences=max_pairs, max_pairs=max_pairs
         )
+        if is_off_topic(similarity, rules):
+            # Refused whatever the sentences score: no model run spent on them.
+            found = []
         scores = await self.score(query, [c.text for c in found])
         texts = [text for _, text in passages[:max_passages]]
         judged = [Scored(c, s) for c, s in zip(found, scores, strict=True)]
-        return select(query, judged, texts, passage_scores[:max_passages], rules, unknown_terms)
+        return select(query, judged, texts, passage_scores[:max_passages], rules, unknown_terms, similarity)
 
     async def support(
         self,

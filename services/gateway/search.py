@@ -69,6 +69,9 @@ class SearchOutcome:
     # Content words of the searched query no document of the collection holds (the BM25 leg's
     # finding; empty when that leg did not answer).
     unknown_terms: list[str] = field(default_factory=list)
+    # The best cosine any searched text of the question found on the dense leg (None: the leg
+    # did not answer); the evidence gate's topicality input.
+    similarity: float | None = None
 
 
 class Searcher:
@@ -201,7 +204,16 @@ class Searcher:
         for item in found:
             metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
         return SearchOutcome(
-            top, chunks, plan, found, timings, fanout.lists, reranked, fused_top, fanout.unknown_terms
+            top,
+            chunks,
+            plan,
+            found,
+            timings,
+            fanout.lists,
+            reranked,
+            fused_top,
+            fanout.unknown_terms,
+            fanout.best_dense_score(),
         )
 
     def _needs_supplement(self, plan: planner_pb2.Plan, params: SearchParams, fanout: Fanout) -> bool:

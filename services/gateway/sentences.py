@@ -81,6 +81,12 @@ class SelectionRules:
     # Sentences stated per cited passage: its best, and those within sentence_margin of it.
     sentences_per_passage: int
     sentence_margin: float
+    # Topicality floor: the bi-encoder's best cosine between the question and any passage of
+    # the collection must reach this (-1: off). The cross-encoder scores a sentence against the
+    # question, not the collection against it: it finds "Lyme disease is emerging in Canada"
+    # worth quoting for "What is the capital of Canada?". A question no passage is near in
+    # embedding space is not about these documents, whatever a sentence shares with it.
+    gate_min_similarity: float = -1.0
 
 
 @dataclass
@@ -96,6 +102,10 @@ class Selection:
     question_coverage: float
     # Share of the question's content words no document of the collection holds.
     unknown_share: float = 0.0
+    # The best cosine of the question to any passage (None: the dense leg did not answer), and
+    # whether the gate refused for being under the topicality floor.
+    similarity: float | None = None
+    off_topic: bool = False
 
 
 def candidates(
@@ -148,6 +158,11 @@ def unknown_share(query: str, unknown_terms: Sequence[str]) -> float:
     return len(words & {t.lower() for t in unknown_terms}) / len(words) if words else 0.0
 
 
+def is_off_topic(similarity: float | None, rules: SelectionRules) -> bool:
+    """Whether the question's best dense cosine is under the topicality floor (unknown: no)."""
+    return similarity is not None and similarity < rules.gate_min_similarity
+
+
 def select(
     query: str,
     scored: Sequence[Scored],
@@ -155,15 +170,19 @@ def select(
     passage_scores: Sequence[float],
     rules: SelectionRules,
     unknown_terms: Sequence[str] = (),
+    similarity: float | None = None,
 ) -> Selection:
     """The gate's verdict, the facts and the answer's sentences from the scored candidates of
     passages whose texts are ``texts`` and whose own scores are ``passage_scores`` (by passage
-    index); ``unknown_terms``: the question's words no document of the collection holds."""
+    index); ``unknown_terms``: the question's words no document of the collection holds;
+    ``similarity``: the dense leg's best cosine for the question (None: not known, no floor)."""
     ranked = sorted(scored, key=lambda s: (-s.score, s.passage, s.candidate.position))
     share = question_coverage(query, texts)
     unknown = unknown_share(query, unknown_terms)
+    if is_off_topic(similarity, rules):
+        return Selection(False, [], [], None, share, unknown, similarity, off_topic=True)
     if not ranked:
-        return Selection(False, [], [], None, share, unknown)
+        return Selection(False, [], [], None, share, unknown, similarity)
     best_sentence: dict[int, float] = {}
     for item in ranked:
         best_sentence.setdefault(item.passage, item.score)
@@ -171,7 +190,7 @@ def select(
     strongest = max(strength.values())
     evidence = strongest + rules.gate_coverage_weight * share - rules.gate_unknown_weight * unknown
     if evidence < rules.gate_min_score:
-        return Selection(False, [], [], evidence, share, unknown)
+        return Selection(False, [], [], evidence, share, unknown, similarity)
     facts = [s for s in ranked if s.score >= rules.fact_min_score][: rules.max_facts] or ranked[:1]
     cited = sorted(
         (p for p in strength if strength[p] >= strongest - rules.cite_margin),
@@ -183,7 +202,7 @@ def select(
         top = own[0].score
         chosen = [s for s in own if s.score >= top - rules.sentence_margin][: rules.sentences_per_passage]
         answer.extend(sorted(chosen, key=lambda s: s.candidate.position))
-    return Selection(True, facts, answer, evidence, share, unknown)
+    return Selection(True, facts, answer, evidence, share, unknown, similarity)
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,15 @@ class GatewaySettings(MeshSettings):
         "of the collection holds (the BM25 leg reports them): a near miss asks about something the "
         "collection never mentions.",
     )
+    gateway_ask_gate_min_similarity: float = Field(
+        0.40,
+        ge=-1.0,
+        le=1.0,
+        description="Evidence gate, topicality: the dense leg's best cosine between the question and any "
+        "passage must reach this, or the Ask refuses before judging sentences (-1: off). Cosines are the "
+        "embedder's own scale: this is calibrated for the default all-MiniLM-L6-v2 (bench/answer_tune.py "
+        "--similarity); recalibrate it with another embedder. Unused when the dense leg did not answer.",
+    )
     gateway_ask_fact_min_score: float = Field(
         -2.0, description="Sentences scoring at least this (log-odds) are facts (the best always is)."
     )

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from ragmesh.extractor.v1 import extractor_pb2
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.narrator.v1 import narrator_pb2
-from services.gateway.ask import GATE_REASON
+from services.gateway.ask import GATE_REASON, OFF_TOPIC_REASON
 from services.gateway.tests.conftest import COLLECTION, NAME_OF, Gateway, running_gateway
 
 QUERY = "what is ZX-81?"
@@ -93,6 +93,24 @@ async def test_words_no_document_holds_count_against_answering_and_are_named() -
     assert not refused.answered and not refused.citations and list(refused.unknown_terms) == ["zx-81"]
     assert GATE_REASON in refused.answer and 'no document mentions "zx-81"' in refused.answer
     assert list(searched.unknown_terms) == ["zx-81"]
+
+
+async def test_a_question_no_passage_is_near_is_refused_as_off_topic_before_any_sentence_is_judged() -> None:
+    # The fake dense leg's best cosine is 0.9 (c0): under a 0.95 floor, over a 0.85 one.
+    async with judged(GOOD_EVIDENCE, gateway_ask_gate_min_similarity=0.95) as gateway:
+        refused = await gateway.stub.Ask(ask(), timeout=10)
+        judged_calls = gateway.fakes.calls["judge"]
+        # Without the dense leg nothing says how near the collection is: the floor is not applied.
+        gateway.fakes.behaviour["index-0"] = gateway.fakes.behaviour["index-1"] = "fail"
+        without_dense = await gateway.stub.Ask(ask(), timeout=10)
+    assert not refused.answered and not refused.citations
+    assert OFF_TOPIC_REASON in refused.answer and "0.900, under 0.95" in refused.answer
+    assert judged_calls == 0 and gateway.fakes.calls["narrator"] == 0
+    # (Its good passages came from the dense leg: it is refused, but not as off topic.)
+    assert OFF_TOPIC_REASON not in without_dense.answer and GATE_REASON in without_dense.answer
+    async with judged(GOOD_EVIDENCE, gateway_ask_gate_min_similarity=0.85) as gateway:
+        answered = await gateway.stub.Ask(ask(), timeout=10)
+    assert answered.answered and answered.citations
 
 
 async def test_a_judge_that_is_down_leaves_the_lexical_path_and_a_reranker_degradation() -> None:

@@ -106,6 +106,22 @@ def test_the_gate_counts_words_the_collection_lacks_against_answering() -> None:
     assert select(near, evidence, TEXTS, passages, strict, ["kafka", "the"]).unknown_share == 0.0
 
 
+def test_the_gate_refuses_a_question_no_passage_is_near_however_well_a_sentence_scores() -> None:
+    # The cross-encoder is confident (strength 3 + 6 x 0.8 words) but the collection's nearest
+    # passage is at cosine 0.25: the question is not about these documents.
+    strong, passages = [scored(0, 0, 3.0)], [0.0, 0.0, 0.0]
+    floored = dataclasses.replace(RULES, gate_min_similarity=0.4)
+    far = select(QUERY, strong, TEXTS, passages, floored, similarity=0.25)
+    assert not far.answered and far.off_topic and far.answer == [] and far.similarity == 0.25
+    # At the floor, with the dense leg's cosine unknown, or with the floor off: the gate as before.
+    assert select(QUERY, strong, TEXTS, passages, floored, similarity=0.4).answered
+    unknown = select(QUERY, strong, TEXTS, passages, floored, similarity=None)
+    assert unknown.answered and not unknown.off_topic
+    assert select(QUERY, strong, TEXTS, passages, RULES, similarity=-0.5).answered
+    # Off topic is said even when no sentence was scored (the judge skips them).
+    assert select(QUERY, [], TEXTS, passages, floored, similarity=0.25).off_topic
+
+
 def test_candidates_keep_the_sentences_closest_to_the_question_when_over_the_pair_bound() -> None:
     found = candidates(
         QUERY, [("Vitamin D trial", TEXTS[0]), ("", TEXTS[1])], max_passages=2, max_sentences=10, max_pairs=2
