@@ -6,6 +6,10 @@ Tools: ``search`` (ranked passages), ``ask`` (a verified answer with numbered ci
 deadlines, safe retries, TLS and API keys are the client's, and the gateway and ingestion API
 decide what a key may read (tenants see only their collections).
 
+Transport security: ``--tls-cert`` and ``--tls-key`` serve HTTPS. Without them the listener must
+be on loopback (the keys travel in each request's headers); ``--allow-plaintext`` is the explicit
+way to serve plain HTTP elsewhere, behind a proxy that terminates TLS.
+
 Keys: over stdio the server uses one key, ``--api-key`` or RAGMESH_API_KEY (or the secure local
 stack's, as every CLI command). Over HTTP it uses the key of each request instead, sent as
 ``Authorization: Bearer <ragmesh API key>`` (or ``x-api-key``), and never one of its own: a
@@ -19,11 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import ipaddress
 import json
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ragmesh_cli.mcp_clients import MAX_KEYS, Clients, key_from_headers
@@ -96,6 +103,22 @@ async def _reply(send: Any, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+@dataclass(frozen=True)
+class Listener:
+    """Where ``--http`` serves, and the TLS pair when it serves HTTPS."""
+
+    host: str
+    port: int
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.tls_cert else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}/mcp"
+
+
 def _host_port(spec: str) -> tuple[str, int]:
     host, sep, port = spec.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -103,12 +126,48 @@ def _host_port(spec: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-async def serve_http(server: Any, clients: Clients, spec: str) -> None:
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listener(spec: str, tls_cert: str | None, tls_key: str | None, allow_plaintext: bool = False) -> Listener:
+    """The ``--http`` listener, refused (ValueError) when half a TLS pair is given, a file of it is
+    missing, or it would take API keys in plain text off loopback without ``--allow-plaintext``."""
+    host, port = _host_port(spec)
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if tls_cert and tls_key:
+        for flag, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+            if not Path(path).is_file():
+                raise ValueError(f"{flag} {path}: no such file")
+        return Listener(host, port, Path(tls_cert), Path(tls_key))
+    if not _is_loopback(host) and not allow_plaintext:
+        raise ValueError(
+            f"--http {spec}: callers would send API keys in plain text off this machine; give "
+            "--tls-cert and --tls-key, bind to 127.0.0.1, or pass --allow-plaintext behind a proxy "
+            "that terminates TLS"
+        )
+    return Listener(host, port)
+
+
+async def serve_http(server: Any, clients: Clients, where: Listener) -> None:
     import uvicorn
 
-    host, port = _host_port(spec)
-    app = RequireMeshKey(server.streamable_http_app(host=host), KeyCheck(clients))
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+    app = RequireMeshKey(server.streamable_http_app(host=where.host), KeyCheck(clients))
+    config = uvicorn.Config(
+        app,
+        host=where.host,
+        port=where.port,
+        log_level="warning",
+        ssl_certfile=str(where.tls_cert) if where.tls_cert else None,
+        ssl_keyfile=str(where.tls_key) if where.tls_key else None,
+    )
+    log.warning("ragmesh MCP tools at %s", where.url)
     await uvicorn.Server(config).serve()
 
 
@@ -118,14 +177,14 @@ def run_mcp(args: argparse.Namespace, gateway: str, ingestion: str) -> int:
     from ragmesh_cli.channels import api_key
 
     http = args.http is not None
-    if http:
-        _host_port(args.http)  # refuse a bad address before starting anything
+    # Refuse a bad address or TLS pair before starting anything.
+    where = listener(args.http, args.tls_cert, args.tls_key, args.allow_plaintext) if http else None
     from ragmesh_cli.mcp_tools import build_server
 
     clients = Clients(gateway, ingestion, None if http else api_key() or None, http)
     server = build_server(clients, args.collection)
-    if http:
-        anyio.run(serve_http, server, clients, args.http)
+    if where is not None:
+        anyio.run(serve_http, server, clients, where)
     else:
         anyio.run(server.run_stdio_async)
     return 0
@@ -142,7 +201,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser, handler: Callable[...,
         "--http",
         default=None,
         metavar="HOST:PORT",
-        help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio; every request must "
+        help="serve streamable HTTP at http(s)://HOST:PORT/mcp instead of stdio; every request must "
         "carry a ragmesh API key the mesh accepts (Authorization: Bearer <key>)",
+    )
+    parser.add_argument("--tls-cert", metavar="PEM", help="--http: serve HTTPS with this certificate")
+    parser.add_argument("--tls-key", metavar="PEM", help="--http: the certificate's private key")
+    parser.add_argument(
+        "--allow-plaintext",
+        action="store_true",
+        help="--http: serve plain HTTP on a non-loopback address (behind a proxy that terminates TLS)",
     )
     parser.set_defaults(func=handler)

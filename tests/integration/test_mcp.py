@@ -1,22 +1,26 @@
 """``ragmesh mcp`` driven by the MCP SDK's own client against the real mesh with auth on (the
 secure stack): over stdio (the agent starts the server) it lists the three tools and gets a
 cited answer with the tenant's key; over streamable HTTP it refuses requests without a key the
-mesh accepts, and serves the same tools to a caller that sends one."""
+mesh accepts, and serves the same tools to a caller that sends one; over HTTPS, the same under a
+certificate the client checks."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from meshkit import pki
 from ragmesh_cli.stack import Stack
 from ragmesh_client import TLS, Client, Document
 
@@ -111,12 +115,19 @@ async def test_mcp_over_stdio_gives_a_cited_answer(
 @pytest.fixture
 def http_server(auth_stack: Stack, tmp_path: Path) -> Iterator[str]:
     """``ragmesh mcp --http`` with no key of its own: each caller brings one."""
+    with serving_http(auth_stack, tmp_path) as url:
+        yield url
+
+
+@contextmanager
+def serving_http(auth_stack: Stack, tmp_path: Path, *extra: str) -> Iterator[str]:
+    """``ragmesh mcp --http 127.0.0.1:<free port> *extra``, until the block ends: its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = (tmp_path / "mcp-http.log").open("w")
     process = subprocess.Popen(
-        [str(RAGMESH), "mcp", "--collection", COLLECTION, "--http", f"127.0.0.1:{port}"],
+        [str(RAGMESH), "mcp", "--collection", COLLECTION, "--http", f"127.0.0.1:{port}", *extra],
         env=server_env(auth_stack, tmp_path, None),
         cwd=tmp_path,
         stdout=log,
@@ -131,11 +142,24 @@ def http_server(auth_stack: Stack, tmp_path: Path) -> Iterator[str]:
                     break
             assert time.monotonic() < deadline, "the MCP HTTP server did not listen within 60 s"
             time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"{'https' if '--tls-cert' in extra else 'http'}://127.0.0.1:{port}/mcp"
     finally:
         process.terminate()
         process.wait(timeout=30)
         log.close()
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+ACCEPT = {"accept": "application/json, text/event-stream"}
 
 
 async def test_mcp_over_http_needs_a_key_the_mesh_accepts(
@@ -144,22 +168,11 @@ async def test_mcp_over_http_needs_a_key_the_mesh_accepts(
     from mcp import ClientSession
     from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    accept = {"accept": "application/json, text/event-stream"}
     async with httpx.AsyncClient(timeout=30) as http:
-        anonymous = await http.post(http_server, json=initialize, headers=accept)
+        anonymous = await http.post(http_server, json=INITIALIZE, headers=ACCEPT)
         assert anonymous.status_code == 401 and "API key" in anonymous.json()["error"]
         wrong = await http.post(
-            http_server, json=initialize, headers={**accept, "authorization": "Bearer rmk_nope"}
+            http_server, json=INITIALIZE, headers={**ACCEPT, "authorization": "Bearer rmk_nope"}
         )
         assert wrong.status_code == 401
     key = auth_stack.api_key(AUTH_TENANT)
@@ -169,3 +182,29 @@ async def test_mcp_over_http_needs_a_key_the_mesh_accepts(
         ClientSession(read, write) as session,
     ):
         await check_tools(session)
+
+
+async def test_mcp_over_https_serves_the_keys_holder_under_its_certificate(
+    auth_stack: Stack, indexed: list[str], tmp_path: Path
+) -> None:
+    ca = pki.new_ca()
+    cert, key = pki.issue(ca, "ragmesh-mcp", client=False)
+    files = pki.PKIFiles(tmp_path / "pki")
+    files.directory.mkdir()
+    pki.write_pair(files, "mcp", (cert, key))
+    pki.write_pair(files, pki.CA_NAME, ca)
+    tls = ("--tls-cert", str(files.cert("mcp")), "--tls-key", str(files.key("mcp")))
+    with serving_http(auth_stack, tmp_path, *tls) as url:
+        assert url.startswith("https://")
+        trusted = ssl.create_default_context(cafile=str(files.ca_cert))
+        async with httpx.AsyncClient(timeout=30, verify=trusted) as https:
+            anonymous = await https.post(url, json=INITIALIZE, headers=ACCEPT)
+            bearer = {"authorization": f"Bearer {auth_stack.api_key(AUTH_TENANT)}"}
+            initialized = await https.post(url, json=INITIALIZE, headers={**ACCEPT, **bearer})
+        # The certificate is checked: a client without our CA does not connect.
+        async with httpx.AsyncClient(timeout=30) as untrusting:
+            with pytest.raises(httpx.ConnectError):
+                await untrusting.post(url, json=INITIALIZE, headers=ACCEPT)
+    assert anonymous.status_code == 401
+    assert initialized.status_code == 200, initialized.text
+    assert "ragmesh" in initialized.text

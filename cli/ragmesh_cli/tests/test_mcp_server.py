@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -13,7 +14,7 @@ import pytest
 
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli.mcp_clients import Clients, key_from_headers
-from ragmesh_cli.mcp_server import KeyCheck, RequireMeshKey
+from ragmesh_cli.mcp_server import KeyCheck, RequireMeshKey, listener
 
 GOOD = "rmk_good"
 
@@ -93,3 +94,23 @@ def test_key_from_headers() -> None:
     assert key_from_headers({"authorization": "Basic abc"}) is None
     assert key_from_headers({"x-api-key": "k2"}) == "k2"
     assert key_from_headers(None) is None
+
+
+def test_a_listener_takes_keys_in_plain_text_only_on_loopback_or_when_told(tmp_path: Path) -> None:
+    assert listener("127.0.0.1:8765", None, None).url == "http://127.0.0.1:8765/mcp"
+    assert listener("localhost:8765", None, None).host == "localhost"
+    assert listener("[::1]:8765", None, None).url == "http://[::1]:8765/mcp"
+    for public in ("0.0.0.0:8765", "10.1.2.3:8765", "mcp.example.com:8765"):
+        with pytest.raises(ValueError, match="plain text"):
+            listener(public, None, None)
+        assert listener(public, None, None, allow_plaintext=True).tls_cert is None
+    cert, key = tmp_path / "mcp.crt", tmp_path / "mcp.key"
+    cert.write_text("pem"), key.write_text("pem")
+    served = listener("0.0.0.0:8765", str(cert), str(key))
+    assert served.url == "https://0.0.0.0:8765/mcp" and served.tls_key == key
+    with pytest.raises(ValueError, match="go together"):
+        listener("0.0.0.0:8765", str(cert), None)
+    with pytest.raises(ValueError, match="no such file"):
+        listener("0.0.0.0:8765", str(cert), str(tmp_path / "missing.key"))
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        listener("8765", None, None)
