@@ -37,6 +37,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from meshkit import tracing
 from meshkit.client import BreakerMetrics, remaining_budget
 from meshkit.llm_common import LLMError, Messages, ModelT
 from meshkit.llm_replies import parse_structured
@@ -162,9 +163,9 @@ class OpenAICompatibleLLM:
         timeout: float | None = None,
     ) -> str:
         """The assistant's reply to ``messages``."""
-        with _measured():
+        with _measured(), tracing.llm_call("chat", self.settings.llm_model) as carrier:
             body = self._body(messages, max_tokens, temperature)
-            return await self._complete(body, timeout)
+            return await self._complete(body, timeout, carrier)
 
     async def structured(
         self,
@@ -178,7 +179,7 @@ class OpenAICompatibleLLM:
         """The reply as a validated ``schema``; the server is asked to constrain its output to the
         schema, but small models and servers without guided decoding still wrap or bend it, so
         the text is parsed leniently and validated in lax mode."""
-        with _measured():
+        with _measured(), tracing.llm_call("structured", self.settings.llm_model) as carrier:
             body = self._body(messages, max_tokens, temperature)
             body["response_format"] = {
                 "type": "json_schema",
@@ -188,7 +189,7 @@ class OpenAICompatibleLLM:
                     "strict": True,
                 },
             }
-            return parse_structured(await self._complete(body, timeout), schema)
+            return parse_structured(await self._complete(body, timeout, carrier), schema)
 
     async def stream(
         self,
@@ -201,12 +202,12 @@ class OpenAICompatibleLLM:
         """The reply's content deltas as the server produces them. Only opening the stream is
         retried: once text has been yielded, a retry would repeat it. The deadline caps the
         whole stream."""
-        with _measured():
+        with _measured(), tracing.llm_call("stream", self.settings.llm_model) as carrier:
             body = self._body(messages, max_tokens, temperature)
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
             overall = self._deadline(timeout)
-            response = await self._guarded(lambda left: self._open_stream(body, left), overall)
+            response = await self._guarded(lambda left: self._open_stream(body, left, carrier), overall)
             try:
                 async for delta in self._deltas(response, overall):
                     yield delta
@@ -229,8 +230,8 @@ class OpenAICompatibleLLM:
             timeout if timeout is not None else self.settings.llm_timeout_s
         )
 
-    async def _complete(self, body: dict[str, Any], timeout: float | None) -> str:
-        response = await self._guarded(lambda left: self._post(body, left), self._deadline(timeout))
+    async def _complete(self, body: dict[str, Any], timeout: float | None, headers: dict[str, str]) -> str:
+        response = await self._guarded(lambda left: self._post(body, left, headers), self._deadline(timeout))
         try:
             data = response.json()
             _count_usage(data.get("usage"))
@@ -245,14 +246,18 @@ class OpenAICompatibleLLM:
             )
         return content
 
-    async def _post(self, body: dict[str, Any], left: float) -> httpx.Response:
-        response = await self._http.post(CHAT_PATH, json=body, timeout=httpx.Timeout(left))
+    async def _post(self, body: dict[str, Any], left: float, headers: dict[str, str]) -> httpx.Response:
+        response = await self._http.post(CHAT_PATH, json=body, headers=headers, timeout=httpx.Timeout(left))
         if response.status_code >= 400:
             raise _StatusError(response.status_code, response.text[:MAX_ERROR_BODY_CHARS])
         return response
 
-    async def _open_stream(self, body: dict[str, Any], left: float) -> httpx.Response:
-        request = self._http.build_request("POST", CHAT_PATH, json=body, timeout=httpx.Timeout(left))
+    async def _open_stream(
+        self, body: dict[str, Any], left: float, headers: dict[str, str]
+    ) -> httpx.Response:
+        request = self._http.build_request(
+            "POST", CHAT_PATH, json=body, headers=headers, timeout=httpx.Timeout(left)
+        )
         response = await self._http.send(request, stream=True)
         if response.status_code >= 400:
             try:

@@ -1,5 +1,5 @@
-"""Distributed traces (OpenTelemetry): a span on every gRPC hop, NATS publish and consume, and
-S3 call, joined into one trace per request by W3C trace context (``traceparent``) carried in gRPC
+"""Distributed traces (OpenTelemetry): a span on every gRPC hop, NATS publish and consume, S3
+call and LLM request, joined into one trace per request by W3C trace context (``traceparent``) carried in gRPC
 metadata and NATS message headers.
 
 Off by default, and then free: every hook checks one module global and returns a shared no-op.
@@ -245,6 +245,16 @@ def rpc_call(target: str, method: str) -> Outgoing:
         return NO_SPAN
     attributes = {"rpc.system": "grpc", "rpc.method": method, "ragmesh.target": target}
     return outgoing(f"{target}/{method}", CLIENT, attributes)
+
+
+def llm_call(operation: str, model: str) -> Outgoing:
+    """The span of one call to the OpenAI-compatible LLM server (all its attempts; a stream until
+    its last delta). Its carrier goes into the HTTP headers: vLLM started with
+    ``--otlp-traces-endpoint`` makes its own spans children of it."""
+    if _tracer is None:
+        return NO_SPAN
+    attributes = {"gen_ai.operation.name": operation, "gen_ai.request.model": model}
+    return outgoing(f"llm.{operation}", CLIENT, attributes)
 
 
 def nats_publish(subject: str) -> Outgoing:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,10 +14,11 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import BaseModel
 
+from meshkit import tracing
 from meshkit.llm import LLMError
 from meshkit.llm_openai import OpenAICompatibleLLM
 from meshkit.llm_replies import extract_json, validate_items
-from meshkit.settings import LLMSettings
+from meshkit.settings import LLMSettings, MeshSettings
 
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -322,3 +324,26 @@ async def test_deadline_cuts_a_stalled_stream(connect: Callable[..., OpenAICompa
             pass
     assert caught.value.reason == "deadline"
     assert loop.time() - started < 1.5
+
+
+async def test_each_llm_call_is_one_client_span_whose_context_the_server_receives(
+    connect: Callable[..., OpenAICompatibleLLM], tmp_path: Path
+) -> None:
+    path = tmp_path / "spans.jsonl"
+    assert tracing.configure_tracing("unit", MeshSettings(trace_file=path))
+    try:
+        server = FakeServer(status(503), completion("hi"), sse("a", "b"))
+        llm = connect(server)
+        assert await llm.chat(MESSAGES) == "hi"  # the first attempt failed: both are one span
+        assert [d async for d in llm.stream(MESSAGES)] == ["a", "b"]
+        assert tracing.flush_tracing()
+        spans = tracing.read_spans(path)
+    finally:
+        tracing.shutdown_tracing()
+    chat, stream = spans
+    assert (chat["name"], stream["name"]) == ("llm.chat", "llm.stream")
+    assert chat["kind"] == "CLIENT" and chat["attributes"]["gen_ai.request.model"] == "test-model"
+    assert chat["status"] != "ERROR" and stream["status"] != "ERROR"
+    # Every attempt carried the span's context (the retry too), for the server's own spans.
+    parents = [r.headers["traceparent"].split("-")[2] for r in server.requests]
+    assert parents == [chat["span_id"], chat["span_id"], stream["span_id"]]
