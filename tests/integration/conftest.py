@@ -16,6 +16,8 @@ from grpc import aio
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh_cli.stack import ALL_SERVICES, Stack, available_services
 
+from .meshclients import SERVICES_WITHOUT_LLM
+
 
 def _wanted_services() -> list[str]:
     found = available_services()
@@ -96,18 +98,6 @@ async def gateway(stack: Stack) -> AsyncIterator[gateway_pb2_grpc.GatewayService
 # Collections the tenant of ``auth_stack`` may read and write.
 AUTH_TENANT = "tenant-docs"
 AUTH_COLLECTIONS = ["docs"]
-AUTH_SERVICES = [
-    "embedder",
-    "index",
-    "sparse",
-    "planner",
-    "reranker",
-    "extractor",
-    "narrator",
-    "ingestion",
-    "gateway",
-    "worker",
-]
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +110,7 @@ def auth_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         tmp_path_factory.mktemp("auth-stack"),
         workers=2,
         index_shards=2,
-        services=[s for s in AUTH_SERVICES if s in available_services()],
+        services=[s for s in SERVICES_WITHOUT_LLM if s in available_services()],
         secure=True,
         api_keys={AUTH_TENANT: (AUTH_COLLECTIONS, AUTH_COLLECTIONS)},
     )

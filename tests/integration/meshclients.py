@@ -22,8 +22,12 @@ from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from ragmesh_cli.channels import api_key_interceptors
-from ragmesh_cli.stack import Stack
+from ragmesh_cli.stack import ALL_SERVICES, Stack
 from ragmesh_client import TLS, AsyncClient, RetryPolicy
+
+# Every service but the LLM server: the secure stacks' answers are extractive (the local model
+# would cost minutes of start-up and CPU for nothing these tests check).
+SERVICES_WITHOUT_LLM = [kind for kind in ALL_SERVICES if kind != "llm"]
 
 MD = ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN
 TEXT = ingestion_pb2.DOCUMENT_FORMAT_TEXT

@@ -13,22 +13,10 @@ from grpc import aio
 
 from meshkit.tls import ClientTLS
 from ragmesh_cli.stack import Stack
-from tests.integration.meshclients import Mesh
+from tests.integration.meshclients import SERVICES_WITHOUT_LLM, Mesh
 
 ALPHA, BETA = "alpha", "beta"
 TENANTS = {"tenant-a": ([ALPHA], [ALPHA]), "tenant-b": ([BETA], [BETA])}
-SERVICES = [
-    "embedder",
-    "index",
-    "sparse",
-    "planner",
-    "reranker",
-    "extractor",
-    "narrator",
-    "ingestion",
-    "gateway",
-    "worker",
-]
 
 
 ALPHA_DOCS = {
@@ -49,7 +37,7 @@ def start_secure_stack(state_dir: Path) -> Stack:
         state_dir,
         workers=2,
         index_shards=2,
-        services=SERVICES,
+        services=SERVICES_WITHOUT_LLM,
         secure=True,
         api_keys=TENANTS,
         # A replica list (one TLS name for several addresses) and pre-fork workers on one port.
