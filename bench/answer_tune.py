@@ -37,13 +37,17 @@ from meshkit.answering import coverage
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli.answer_eval import RATIONALE_COVERAGE, read_rationales
 from ragmesh_cli.channels import gateway_client
-from ragmesh_cli.datasets import load_dataset
+from ragmesh_cli.datasets import BeirDataset, load_dataset
+from ragmesh_cli.rerankerbuild.build import VALIDATION_SHARE
+from ragmesh_cli.rerankerbuild.mining import split_claims
 from services.gateway.sentences import Candidate, Scored, SelectionRules, candidates, select
 from services.reranker.model import CrossEncoderModel
 
 CACHE = Path(".cache/answer_tune")
 MODEL_DIR = Path("models/reranker/ragmesh-minilm-l6-ce-v1")
 SCIFACT = Path("../shared/bench/scifact")
+# "scifact:heldout": the train claims the shipped cross-encoder held out (see _held_out_claims).
+HELD_OUT = "heldout"
 TOP_K = 10
 # Sentences scored per question at collection time: more than any rule reads, so the tuning
 # can vary the bounds without collecting again.
@@ -51,13 +55,26 @@ COLLECT_PASSAGES = 8
 COLLECT_SENTENCES = 30
 
 
+def _held_out_claims(dataset: BeirDataset) -> list[str]:
+    """The train claims the shipped cross-encoder was validated on and never trained on (its
+    build's seeded split): the only SciFact claims on which its scores are what test claims
+    get. Tuning the gate on claims it trained on tunes it to an overconfident model."""
+    manifest = json.loads((MODEL_DIR / "manifest.json").read_text())
+    seed = int(manifest["training"]["config"]["seed"])
+    _fit, held_out = split_claims(dataset.queries, dataset.qrels, VALIDATION_SHARE, seed)
+    return [qid for qid, _text, _docs in held_out]
+
+
 def _questions(spec: str, limit: int | None) -> tuple[str, list[dict[str, Any]]]:
     """(set name, questions) for "scifact:<split>[:limit]" or "qa:<path>:<split>"."""
     kind, _, rest = spec.partition(":")
     if kind == "scifact":
         split, _, count = rest.partition(":")
-        dataset = load_dataset(SCIFACT, split, int(count) if count else limit)
-        rationales = read_rationales(SCIFACT, split) or {}
+        held_out = split == HELD_OUT
+        dataset = load_dataset(SCIFACT, "train" if held_out else split, int(count) if count else limit)
+        if held_out:
+            dataset.queries = {qid: dataset.queries[qid] for qid in _held_out_claims(dataset)}
+        rationales = read_rationales(SCIFACT, "train" if held_out else split) or {}
         return f"scifact-{split}", [
             {
                 "id": qid,
@@ -195,9 +212,13 @@ def _load(name: str) -> list[dict[str, Any]]:
 def replay(
     item: dict[str, Any], rules: SelectionRules, floor: float, passages: int, max_pairs: int
 ) -> tuple[list[dict[str, Any]], Any]:
-    """The gateway's choice for one cached question: the passages read (rerank floor, then the
-    first ``passages``), the bounded candidates, select()."""
-    read = [r for r in item["results"] if r["rerank"] is None or r["rerank"] >= floor][:passages]
+    """The gateway's choice for one cached question: the passages read (as Asker._evidence: when
+    the search was reranked, those scored at least the floor; then the first ``passages``), the
+    bounded candidates, select()."""
+    results = item["results"]
+    if any(r["rerank"] is not None for r in results):
+        results = [r for r in results if r["rerank"] is not None and r["rerank"] >= floor]
+    read = results[:passages]
     index = {id(r): i for i, r in enumerate(item["results"])}
     position = {index[id(r)]: k for k, r in enumerate(read)}
     cached = {(p, s): (text, score) for p, s, text, score in item["sentences"]}
