@@ -1,5 +1,6 @@
-"""``ragmesh ingest DIR`` against the real stack: a folder with bad files among good ones, a
-folder synced after a file was deleted (and its dry run), front matter from the grpc-docs
+"""``ragmesh ingest DIR`` against the real stack as it ships (``auth_stack``: API keys, mTLS, two
+ingestion workers, two index shards, production timings): a folder with bad files among good
+ones, a folder synced after a file was deleted (and its dry run), front matter from the grpc-docs
 corpus filtered through the gateway, and an Obsidian vault."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from ragmesh_cli.main import main
 from ragmesh_cli.stack import Stack
-from ragmesh_client import EXISTS, AsyncClient, Filter, SearchResult
+from ragmesh_client import EXISTS, Filter, SearchResult
 
 from .meshclients import MD, Mesh
 
@@ -31,8 +32,8 @@ INDEXED = ingestion_pb2.DOCUMENT_STATE_INDEXED
 
 
 @pytest.fixture
-async def mesh(stack: Stack) -> AsyncIterator[Mesh]:
-    clients = Mesh(stack)
+async def mesh(auth_stack: Stack) -> AsyncIterator[Mesh]:
+    clients = Mesh(auth_stack)
     yield clients
     await clients.close()
 
@@ -51,7 +52,7 @@ def write(path: Path, content: str | bytes) -> Path:
 
 
 async def ingest(stack: Stack, folder: Path, collection: str, *extra: str) -> int:
-    # The stack's limit is 1 MB (conftest): the CLI's own check uses the same. In a thread:
+    # The CLI's own size check at 1 MB (the "too large" file is over it). In a thread:
     # the command runs an event loop of its own.
     return await asyncio.to_thread(
         main,
@@ -94,13 +95,16 @@ async def sparse_doc_ids(mesh: Mesh, collection: str) -> set[str]:
 async def search(
     stack: Stack, collection: str, query: str, filter: Filter | None = None
 ) -> tuple[SearchResult, ...]:
-    async with AsyncClient(stack.address("gateway")) as client:
-        reply = await client.search(collection, query, top_k=20, filter=filter, timeout=60)
+    mesh = Mesh(stack)
+    try:
+        reply = await mesh.client().search(collection, query, top_k=20, filter=filter, timeout=60)
+    finally:
+        await mesh.close()
     return reply.results
 
 
 async def test_bad_files_are_skipped_and_listed_and_the_good_ones_go_in(
-    stack: Stack, mesh: Mesh, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    auth_stack: Stack, mesh: Mesh, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = tmp_path / "docs"
     write(folder / "good.md", "# Good\n\nA valid ragmesh page about keepalives.\n")
@@ -112,7 +116,7 @@ async def test_bad_files_are_skipped_and_listed_and_the_good_ones_go_in(
     write(folder / "latin1.md", b"caf\xe9 ragmesh")
     write(folder / "huge.md", "ragmesh " * 200_000)
     collection = new_collection()
-    assert await ingest(stack, folder, collection, "--wait") == 0
+    assert await ingest(auth_stack, folder, collection, "--wait") == 0
     out = capsys.readouterr().out
     for name, reason in [
         ("empty.md", "empty"),
@@ -127,15 +131,15 @@ async def test_bad_files_are_skipped_and_listed_and_the_good_ones_go_in(
     # The heading-only page is indexed as its title.
     assert [h.doc_id for h in await mesh.bm25(collection, "zanzibar")] == ["stub.md"]
     # --strict: the same folder exits non-zero (the good files are unchanged, the bad listed).
-    assert await ingest(stack, folder, collection, "--strict") == 1
+    assert await ingest(auth_stack, folder, collection, "--strict") == 1
     # Nothing that can go in: non-zero.
     only_bad = tmp_path / "bad"
     write(only_bad / "empty.md", "")
-    assert await ingest(stack, only_bad, new_collection()) == 1
+    assert await ingest(auth_stack, only_bad, new_collection()) == 1
 
 
 async def test_sync_deletes_the_documents_of_deleted_files_from_every_store(
-    stack: Stack, mesh: Mesh, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    auth_stack: Stack, mesh: Mesh, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     collection = new_collection()
     folder = tmp_path / "site"
@@ -143,8 +147,8 @@ async def test_sync_deletes_the_documents_of_deleted_files_from_every_store(
     write(folder / "keep.md", "# Keep\n\nThe ragmesh page that stays.\n")
     write(folder / "gone.md", "# Gone\n\nThe ragmesh page about zeppelins that is deleted.\n")
     write(other / "elsewhere.md", "# Elsewhere\n\nAnother ragmesh folder about zeppelins.\n")
-    assert await ingest(stack, folder, collection, "--wait") == 0
-    assert await ingest(stack, other, collection, "--wait") == 0
+    assert await ingest(auth_stack, folder, collection, "--wait") == 0
+    assert await ingest(auth_stack, other, collection, "--wait") == 0
     # An API document without a file source is never a sync's business either.
     await mesh.ingest_indexed(collection, [("api-doc.md", "# API\n\nA ragmesh document about zeppelins.")])
     everything = {"keep.md", "gone.md", "elsewhere.md", "api-doc.md"}
@@ -156,7 +160,7 @@ async def test_sync_deletes_the_documents_of_deleted_files_from_every_store(
     capsys.readouterr()
 
     # The dry run lists, and changes nothing.
-    assert await ingest(stack, folder, collection, "--sync", "--dry-run") == 0
+    assert await ingest(auth_stack, folder, collection, "--sync", "--dry-run") == 0
     out = capsys.readouterr().out
     assert "would add: 1\n  new.md" in out and "would delete: 1\n  gone.md" in out
     assert "elsewhere.md" not in out and "api-doc.md" not in out and "unchanged: 1" in out
@@ -165,44 +169,44 @@ async def test_sync_deletes_the_documents_of_deleted_files_from_every_store(
     with pytest.raises(aio.AioRpcError):
         await mesh.statuses(collection, ["new.md"])
 
-    assert await ingest(stack, folder, collection, "--sync", "--wait") == 0
+    assert await ingest(auth_stack, folder, collection, "--sync", "--wait") == 0
     assert "deleted (files gone): 1\n  gone.md" in capsys.readouterr().out
     remaining = {"keep.md", "new.md", "elsewhere.md", "api-doc.md"}
     assert await index_doc_ids(mesh, collection) == remaining
     assert await sparse_doc_ids(mesh, collection) == remaining
     status = (await mesh.statuses(collection, ["gone.md"]))["gone.md"]
     assert status.state == ingestion_pb2.DOCUMENT_STATE_DELETED
-    hits = await search(stack, collection, "zeppelins")
+    hits = await search(auth_stack, collection, "zeppelins")
     assert hits and "gone.md" not in {h.doc_id for h in hits}
     assert {"elsewhere.md", "api-doc.md"} <= {h.doc_id for h in hits}
     # An empty folder never empties the collection.
     (folder / "keep.md").unlink()
     (folder / "new.md").unlink()
-    assert await ingest(stack, folder, collection, "--sync") == 1
+    assert await ingest(auth_stack, folder, collection, "--sync") == 1
     assert "not syncing" in capsys.readouterr().out
     assert await index_doc_ids(mesh, collection) == remaining
 
 
-async def test_front_matter_of_grpc_docs_is_filterable_metadata(stack: Stack, tmp_path: Path) -> None:
+async def test_front_matter_of_grpc_docs_is_filterable_metadata(auth_stack: Stack, tmp_path: Path) -> None:
     folder = tmp_path / "grpc"
     folder.mkdir()
     for name in ("introduction.md", "core-concepts.md", "faq.md"):
         shutil.copy(GRPC_DOCS / name, folder / name)
     collection = new_collection()
-    assert await ingest(stack, folder, collection, "--wait") == 0
-    everything = await search(stack, collection, "gRPC protocol buffers")
+    assert await ingest(auth_stack, folder, collection, "--wait") == 0
+    everything = await search(auth_stack, collection, "gRPC protocol buffers")
     assert {h.doc_id for h in everything} == {"introduction.md", "core-concepts.md", "faq.md"}
-    linked = await search(stack, collection, "gRPC protocol buffers", {"linkTitle": "Introduction"})
+    linked = await search(auth_stack, collection, "gRPC protocol buffers", {"linkTitle": "Introduction"})
     assert linked and {h.doc_id for h in linked} == {"introduction.md"}
     assert linked[0].title == "Introduction to gRPC"
     assert linked[0].metadata["weight"] == "10"
-    weighted = await search(stack, collection, "gRPC", {"weight": EXISTS})
+    weighted = await search(auth_stack, collection, "gRPC", {"weight": EXISTS})
     assert {h.doc_id for h in weighted} == {"introduction.md"}
     # Front matter is not body text.
     assert all("linkTitle" not in h.text and "spelling:" not in h.text for h in everything)
 
 
-async def test_obsidian_vault(stack: Stack, mesh: Mesh, tmp_path: Path) -> None:
+async def test_obsidian_vault(auth_stack: Stack, mesh: Mesh, tmp_path: Path) -> None:
     vault = tmp_path / "vault"
     write(vault / ".obsidian" / "app.json", '{"theme": "dark"}')
     write(vault / ".obsidian" / "notes.md", "# Settings ragmesh page that must not be indexed\n")
@@ -213,14 +217,14 @@ async def test_obsidian_vault(stack: Stack, mesh: Mesh, tmp_path: Path) -> None:
     )
     write(vault / "Budget.md", "# Budget\n\nThe ragmesh budget for Q3.\n")
     collection = new_collection()
-    assert await ingest(stack, vault, collection, "--wait") == 0
+    assert await ingest(auth_stack, vault, collection, "--wait") == 0
     assert await index_doc_ids(mesh, collection) == {"Daily/Standup.md", "Budget.md"}
-    hits = await search(stack, collection, "launch budget standup")
+    hits = await search(auth_stack, collection, "launch budget standup")
     standup = next(h for h in hits if h.doc_id == "Daily/Standup.md")
     assert "Discussed the launch and Budget > Q3 with the ragmesh team." in standup.text
     assert "[[" not in standup.text and "whiteboard" not in standup.text
     assert standup.metadata["tags"] == "meeting, status/active"
-    tagged = await search(stack, collection, "ragmesh", {"tag:status.active": "true"})
+    tagged = await search(auth_stack, collection, "ragmesh", {"tag:status.active": "true"})
     assert {h.doc_id for h in tagged} == {"Daily/Standup.md"}
 
 
