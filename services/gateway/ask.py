@@ -285,6 +285,15 @@ class Asker:
             gate_min_similarity=s.gateway_ask_gate_min_similarity,
         )
 
+    def _calibrated_similarity(self, searched: SearchOutcome) -> float | None:
+        """The search's best cosine when the topicality floor was calibrated for the model that
+        embedded the question; None otherwise (another model's cosines live on another scale:
+        its floor is unknown, so none is applied)."""
+        calibrated = {m.strip() for m in self.settings.gateway_ask_gate_similarity_models.split(",")}
+        if "*" in calibrated or searched.embedder_model in calibrated:
+            return searched.similarity
+        return None
+
     async def _select(
         self,
         params: AskParams,
@@ -306,7 +315,7 @@ class Asker:
                 max_passages=self.settings.gateway_ask_sentence_passages,
                 max_pairs=self.settings.gateway_ask_sentence_pairs,
                 unknown_terms=searched.unknown_terms,
-                similarity=searched.similarity,
+                similarity=self._calibrated_similarity(searched),
             )
         except DownstreamError as exc:
             degradations.append(unchecked(exc))

@@ -76,6 +76,9 @@ class Fanout:
         self.plan = planner_pb2.Plan()
         # Every dense text started so far, in plan order (the searched query first).
         self.dense_texts: list[str] = []
+        # The name of the model that embedded the query ("" until an Embed answered): cosine
+        # thresholds hold for one model's scale.
+        self.embedder_model = ""
         self.pool = pool
         self.deadline = deadline
         self.degradations = degradations
@@ -256,6 +259,7 @@ class Fanout:
         request = embedder_pb2.EmbedRequest(texts=texts, kind=embedder_pb2.TEXT_KIND_QUERY)
         reply = await embedder.call(embedder.stub.Embed, request, timeout=self._left(), idempotent=True)
         check_query_embedder(self.params, reply.model, reply.model_sha256, reply.vectors)
+        self.embedder_model = reply.model
         if len(reply.vectors) != len(texts):
             raise DownstreamError(
                 embedder.target,

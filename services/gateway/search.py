@@ -70,8 +70,9 @@ class SearchOutcome:
     # finding; empty when that leg did not answer).
     unknown_terms: list[str] = field(default_factory=list)
     # The best cosine any searched text of the question found on the dense leg (None: the leg
-    # did not answer); the evidence gate's topicality input.
+    # did not answer), and the model that embedded it: the evidence gate's topicality input.
     similarity: float | None = None
+    embedder_model: str = ""
 
 
 class Searcher:
@@ -214,6 +215,7 @@ class Searcher:
             fused_top,
             fanout.unknown_terms,
             fanout.best_dense_score(),
+            fanout.embedder_model,
         )
 
     def _needs_supplement(self, plan: planner_pb2.Plan, params: SearchParams, fanout: Fanout) -> bool:

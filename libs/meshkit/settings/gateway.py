@@ -144,7 +144,14 @@ class GatewaySettings(MeshSettings):
         description="Evidence gate, topicality: the dense leg's best cosine between the question and any "
         "passage must reach this, or the Ask refuses before judging sentences (-1: off). Cosines are the "
         "embedder's own scale: this is calibrated for the default all-MiniLM-L6-v2 (bench/answer_tune.py "
-        "--similarity); recalibrate it with another embedder. Unused when the dense leg did not answer.",
+        "--similarity). Unused when the dense leg did not answer, and for a question embedded by a model "
+        "not in gateway_ask_gate_similarity_models.",
+    )
+    gateway_ask_gate_similarity_models: str = Field(
+        "all-MiniLM-L6-v2-int8",
+        description="Comma-separated embedder model names (as the embedder reports them) the topicality "
+        "floor is calibrated for; '*': every model. Another model's cosines live on another scale: "
+        "calibrate the floor for it before adding it here.",
     )
     gateway_ask_fact_min_score: float = Field(
         -2.0, description="Sentences scoring at least this (log-odds) are facts (the best always is)."

@@ -96,8 +96,11 @@ async def test_words_no_document_holds_count_against_answering_and_are_named() -
 
 
 async def test_a_question_no_passage_is_near_is_refused_as_off_topic_before_any_sentence_is_judged() -> None:
-    # The fake dense leg's best cosine is 0.9 (c0): under a 0.95 floor, over a 0.85 one.
-    async with judged(GOOD_EVIDENCE, gateway_ask_gate_min_similarity=0.95) as gateway:
+    # The fake dense leg's best cosine is 0.9 (c0): under a 0.95 floor, over a 0.85 one. The
+    # floor holds for the models it was calibrated for: the fake embedder's is "fake".
+    async with judged(
+        GOOD_EVIDENCE, gateway_ask_gate_min_similarity=0.95, gateway_ask_gate_similarity_models="x, fake"
+    ) as gateway:
         refused = await gateway.stub.Ask(ask(), timeout=10)
         judged_calls = gateway.fakes.calls["judge"]
         # Without the dense leg nothing says how near the collection is: the floor is not applied.
@@ -108,9 +111,15 @@ async def test_a_question_no_passage_is_near_is_refused_as_off_topic_before_any_
     assert judged_calls == 0 and gateway.fakes.calls["narrator"] == 0
     # (Its good passages came from the dense leg: it is refused, but not as off topic.)
     assert OFF_TOPIC_REASON not in without_dense.answer and GATE_REASON in without_dense.answer
-    async with judged(GOOD_EVIDENCE, gateway_ask_gate_min_similarity=0.85) as gateway:
+    async with judged(
+        GOOD_EVIDENCE, gateway_ask_gate_min_similarity=0.85, gateway_ask_gate_similarity_models="fake"
+    ) as gateway:
         answered = await gateway.stub.Ask(ask(), timeout=10)
     assert answered.answered and answered.citations
+    # A floor calibrated for another model says nothing of this one's cosines: not applied.
+    async with judged(GOOD_EVIDENCE, gateway_ask_gate_min_similarity=0.95) as gateway:
+        other_model = await gateway.stub.Ask(ask(), timeout=10)
+    assert other_model.answered and OFF_TOPIC_REASON not in other_model.answer
 
 
 async def test_a_judge_that_is_down_leaves_the_lexical_path_and_a_reranker_degradation() -> None:
