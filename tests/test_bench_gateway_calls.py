@@ -16,7 +16,6 @@ import pytest
 from bench import answer_tune, peer_bench, qa_retrieval, rerank_inprocess, search_bench, tune_fusion
 from bench.qa import QAItem
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from ragmesh_cli import channels
 from ragmesh_cli.channels import gateway_client
 
 
@@ -61,10 +60,6 @@ class Gateway(gateway_pb2_grpc.GatewayServiceServicer):
 
 @pytest.fixture
 def gateway() -> Iterator[tuple[Gateway, str]]:
-    # The CLI's channel profile is process-wide: a test that ran `ragmesh` in process against a
-    # secure stack (the integration tests) would leave its TLS and key on these plaintext calls.
-    channels.use_state_dir(None)
-    channels.use_api_key(None)
     servicer = Gateway()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server)

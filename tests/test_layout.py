@@ -40,11 +40,22 @@ def module_files(package: str, directory: Path) -> dict[str, Path]:
     return modules
 
 
+def parse(path: Path) -> ast.Module:
+    """The module's syntax tree. CPython 3.11 builds AST objects against one counter per
+    interpreter (gh-106905): a parse that overlaps another thread's can fail with a spurious
+    "AST constructor recursion depth mismatch" SystemError; the same parse again succeeds."""
+    source = path.read_text()
+    try:
+        return ast.parse(source, str(path))
+    except SystemError:
+        return ast.parse(source, str(path))
+
+
 def imported_names(module: str, path: Path) -> Iterator[str]:
     """Every dotted name the module imports, anywhere in it; ``from a import b`` yields ``a.b``
     (the submodule when there is one, else resolved to ``a`` by the caller)."""
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

@@ -442,6 +442,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    finally:
+        # The key and the secure stack's TLS are this command's: a program that runs several
+        # commands in one process (the tests, an embedding tool) must not carry one's into the next.
+        use_api_key(None)
+        use_state_dir(None)
+
+
+def _run(args: argparse.Namespace) -> int:
     use_api_key(getattr(args, "api_key", None))
     try:
         use_state_dir(state_dir_of(args))

@@ -257,7 +257,6 @@ def test_cli_search_and_ask_run_on_the_client(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``ragmesh search`` / ``ask`` as a tenant configured by the environment and --api-key."""
-    from ragmesh_cli import channels
     from ragmesh_cli.main import main
 
     for name in [n for n in os.environ if n.startswith("RAGMESH_")]:
@@ -267,14 +266,10 @@ def test_cli_search_and_ask_run_on_the_client(
     monkeypatch.setenv("RAGMESH_TLS_CA_FILE", str(ops.ca_file))
     monkeypatch.setenv("RAGMESH_TLS_SERVER_NAME", ops.server_name)
     key = ["--state-dir", str(tmp_path), "--api-key", auth_stack.api_key(AUTH_TENANT)]
-    try:
-        assert main([*key, "search", QUESTION, "--collection", COLLECTION]) == 0
-        assert "keys/rotation.md" in capsys.readouterr().out
-        assert main([*key, "ask", QUESTION, "--collection", COLLECTION, "--mode", "extractive"]) == 0
-        out = capsys.readouterr().out
-        assert "sources:" in out and "keys/rotation.md" in out
-        assert main([*key, "search", QUESTION, "--collection", "someone-elses"]) == 1
-        assert capsys.readouterr().err.startswith("error: PERMISSION_DENIED: ")
-    finally:
-        channels.use_api_key(None)
-        channels.use_state_dir(None)
+    assert main([*key, "search", QUESTION, "--collection", COLLECTION]) == 0
+    assert "keys/rotation.md" in capsys.readouterr().out
+    assert main([*key, "ask", QUESTION, "--collection", COLLECTION, "--mode", "extractive"]) == 0
+    out = capsys.readouterr().out
+    assert "sources:" in out and "keys/rotation.md" in out
+    assert main([*key, "search", QUESTION, "--collection", "someone-elses"]) == 1
+    assert capsys.readouterr().err.startswith("error: PERMISSION_DENIED: ")

@@ -17,6 +17,7 @@ from meshkit.server import RunningService, ServiceSpec, start_service
 from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh_cli import channels
+from ragmesh_cli import main as cli_main
 from ragmesh_cli.main import main
 
 
@@ -113,10 +114,19 @@ async def test_channels_carry_the_api_key(guarded: tuple[str, str], monkeypatch:
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_api_key_option_reaches_the_channels(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_key_option_reaches_the_channels_of_that_command_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAGMESH_API_KEY", raising=False)
+    seen: list[str] = []
+
+    def command(args: Any) -> int:
+        seen.append(channels.api_key())
+        return 0
+
+    monkeypatch.setattr(cli_main, "cmd_config", command)
     assert main(["--api-key", "rmk_from-flag", "config", "--json"]) == 0
-    assert channels.api_key() == "rmk_from-flag"
+    assert seen == ["rmk_from-flag"]
+    # Gone once the command returned: the next command in this process does not inherit it.
+    assert channels.api_key() == ""
 
 
 def add_countdown(server: aio.Server) -> None:

@@ -86,20 +86,16 @@ def test_the_cli_works_unchanged_on_a_secure_stack(
     for name in [n for n in os.environ if n.startswith("RAGMESH_")]:
         monkeypatch.delenv(name)
     state = ["--state-dir", str(secure_stack.state_dir)]
-    try:
-        assert (
-            main([*state, "search", "request limits RESOURCE_EXHAUSTED", "--collection", ALPHA, "--json"])
-            == 0
-        )
-        assert "limits.md" in capsys.readouterr().out
-        assert main([*state, "status", "--collection", BETA, "--json"]) == 0  # ops reads every collection
-        assert '"indexed": 1' in capsys.readouterr().out
-        # A sync's dry run lists the collection (ListDocuments) with the CLI's key over TLS.
-        (tmp_path / "new.md").write_text("# New\n\nA page.\n")
-        assert main([*state, "ingest", str(tmp_path), "--collection", ALPHA, "--sync", "--dry-run"]) == 0
-        assert "would add: 1\n  new.md" in capsys.readouterr().out
-    finally:
-        channels.use_state_dir(None)  # the CLI's profile is process-wide: leave none to later tests
+    assert main([*state, "search", "request limits RESOURCE_EXHAUSTED", "--collection", ALPHA, "--json"]) == 0
+    assert "limits.md" in capsys.readouterr().out
+    assert main([*state, "status", "--collection", BETA, "--json"]) == 0  # ops reads every collection
+    assert '"indexed": 1' in capsys.readouterr().out
+    # A sync's dry run lists the collection (ListDocuments) with the CLI's key over TLS.
+    (tmp_path / "new.md").write_text("# New\n\nA page.\n")
+    assert main([*state, "ingest", str(tmp_path), "--collection", ALPHA, "--sync", "--dry-run"]) == 0
+    assert "would add: 1\n  new.md" in capsys.readouterr().out
+    # The command's TLS and key are gone once it returned: nothing leaks into later tests.
+    assert channels.client_tls() is None and channels.api_key() == ""
 
 
 # ------------------------------------------------------------------ internal stages
