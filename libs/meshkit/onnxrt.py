@@ -1,9 +1,12 @@
-"""ONNX Runtime execution providers, shared by the services that run models (embedder, reranker):
-CUDA when onnxruntime-gpu offers it and the operator allows it, the CPU otherwise."""
+"""ONNX Runtime settings shared by the services that run models (embedder, reranker): execution
+providers (CUDA when onnxruntime-gpu offers it and the operator allows it, the CPU otherwise)
+and session options."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import onnxruntime as ort
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -26,3 +29,17 @@ def choose_providers(requested: str, available: Sequence[str], setting: str) -> 
             "(install onnxruntime-gpu on a machine with CUDA)"
         )
     return [CPU_PROVIDER]
+
+
+def session_options(threads: int, spinning: bool) -> ort.SessionOptions:
+    """Fully optimised graphs; ``threads`` intra-op threads (0: ONNX Runtime's default, one per
+    core). ``spinning`` lets idle intra-op threads busy-wait for the next op. That shaves a little
+    latency on a machine the model has to itself, but where services share cores the spinning
+    takes the CPU the others need: on two cores it doubled the embedder's CPU per search and cost
+    the mesh a tenth of its throughput (docs/BENCHMARKS.md)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads > 0:
+        options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return options

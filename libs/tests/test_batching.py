@@ -127,6 +127,47 @@ async def test_keys_never_share_a_run(fake: FakeModel) -> None:
         np.testing.assert_array_equal(vectors, expected([f"t{i}"], "odd" if i % 2 else "even"))
 
 
+async def test_a_caller_finding_the_model_idle_does_not_wait_the_window() -> None:
+    fake = FakeModel()
+    batcher = await make_batcher(fake, window_s=0.5)
+    try:
+        started = time.perf_counter()
+        await asyncio.wait_for(batcher.submit(["alone"], "k"), 5)
+        waited = time.perf_counter() - started
+    finally:
+        await batcher.stop()
+    assert waited < 0.25, f"an idle model kept a lone caller {waited:.3f} s"
+
+
+async def test_a_lone_caller_after_a_lone_caller_does_not_wait_the_window() -> None:
+    fake = FakeModel()
+    batcher = await make_batcher(fake, window_s=0.5)
+    try:
+        await asyncio.wait_for(batcher.submit(["first"], "k"), 5)
+        started = time.perf_counter()
+        await asyncio.wait_for(batcher.submit(["second"], "k"), 5)
+        waited = time.perf_counter() - started
+    finally:
+        await batcher.stop()
+    assert waited < 0.25, f"a caller at concurrency 1 waited {waited:.3f} s"
+
+
+async def test_callers_right_after_a_shared_run_wait_the_window_to_share_one() -> None:
+    fake = FakeModel()
+    batcher = await make_batcher(fake, window_s=0.3)
+    try:
+        await asyncio.gather(batcher.submit(["first"], "k"), batcher.submit(["also first"], "k"))
+        # The last run was shared and has just ended, so the next caller waits for company; one
+        # arrives within the window.
+        second = asyncio.create_task(batcher.submit(["second"], "k"))
+        await asyncio.sleep(0.05)
+        third = asyncio.create_task(batcher.submit(["third"], "k"))
+        await asyncio.wait_for(asyncio.gather(second, third), 5)
+    finally:
+        await batcher.stop()
+    assert [run for _, run in fake.runs] == [["first", "also first"], ["second", "third"]]
+
+
 async def test_key_whose_oldest_item_waited_longest_runs_next() -> None:
     fake = FakeModel(delay_s=0.1)
     batcher = await make_batcher(fake, max_batch=4, window_s=0.0)

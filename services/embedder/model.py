@@ -19,7 +19,7 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from meshkit.ids import sha256_file
-from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER, ProviderUnavailable, choose_providers
+from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER, ProviderUnavailable, choose_providers, session_options
 from meshkit.settings import EmbedderSettings
 
 log = logging.getLogger("ragmesh.embedder.model")
@@ -227,10 +227,7 @@ def _load_tokenizer(path: Path, max_tokens: int) -> Tokenizer:
 
 
 def _load_session(path: Path, settings: EmbedderSettings) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if settings.embedder_intra_op_threads > 0:
-        options.intra_op_num_threads = settings.embedder_intra_op_threads
+    options = session_options(settings.embedder_intra_op_threads, settings.embedder_allow_spinning)
     try:
         providers = choose_providers(
             settings.embedder_provider, ort.get_available_providers(), "embedder_provider"

@@ -27,7 +27,7 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from meshkit.ids import sha256_file
-from meshkit.onnxrt import CUDA_PROVIDER, ProviderUnavailable, choose_providers
+from meshkit.onnxrt import CUDA_PROVIDER, ProviderUnavailable, choose_providers, session_options
 from services.reranker.window import WindowPolicy, best_start, content_ids, word_start
 
 log = logging.getLogger("ragmesh.reranker.model")
@@ -158,6 +158,7 @@ class CrossEncoderModel:
         max_tokens: int = 0,
         max_batch: int = 64,
         threads: int = 0,
+        spinning: bool = False,
         window: WindowPolicy = "head",
         window_head_tokens: int = 0,
     ) -> CrossEncoderModel:
@@ -168,7 +169,7 @@ class CrossEncoderModel:
         verify_files(model_dir, manifest)
         limit = min(max_tokens, manifest.max_tokens) if max_tokens > 0 else manifest.max_tokens
         tokenizer = _load_tokenizer(model_dir / TOKENIZER_FILE)
-        session = _load_session(model_dir / MODEL_FILE, provider, threads)
+        session = _load_session(model_dir / MODEL_FILE, provider, threads, spinning)
         model = cls(
             manifest,
             session,
@@ -298,11 +299,8 @@ def _load_tokenizer(path: Path) -> Tokenizer:
     return tokenizer
 
 
-def _load_session(path: Path, provider: str, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads > 0:
-        options.intra_op_num_threads = threads
+def _load_session(path: Path, provider: str, threads: int, spinning: bool) -> ort.InferenceSession:
+    options = session_options(threads, spinning)
     try:
         providers = choose_providers(provider, ort.get_available_providers(), "reranker_provider")
     except ProviderUnavailable as exc:

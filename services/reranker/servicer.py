@@ -103,6 +103,7 @@ class RerankerServicer(reranker_pb2_grpc.RerankerServiceServicer):
                 max_tokens=self._settings.reranker_max_tokens,
                 max_batch=self._settings.reranker_max_batch,
                 threads=self._settings.reranker_threads,
+                spinning=self._settings.reranker_allow_spinning,
                 window=self._settings.reranker_passage_window,
                 window_head_tokens=self._settings.reranker_window_head_tokens,
             )

@@ -63,3 +63,8 @@ class EmbedderSettings(MeshSettings):
         "auto", description="ONNX Runtime provider: auto uses CUDA when present."
     )
     embedder_intra_op_threads: int = Field(0, description="ONNX Runtime threads (0: its default).")
+    embedder_allow_spinning: bool = Field(
+        False,
+        description="Let idle ONNX Runtime threads busy-wait between ops: for a replica with cores to "
+        "itself; off, they leave the CPU to the services sharing it.",
+    )

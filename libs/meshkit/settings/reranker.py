@@ -31,6 +31,11 @@ class RerankerSettings(MeshSettings):
         "auto", description="ONNX Runtime provider: auto takes CUDA when onnxruntime-gpu has it."
     )
     reranker_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0: its default).")
+    reranker_allow_spinning: bool = Field(
+        False,
+        description="Let idle ONNX Runtime threads busy-wait between ops: for a replica with cores to "
+        "itself; off, they leave the CPU to the services sharing it.",
+    )
     reranker_max_tokens: int = Field(
         160,
         ge=0,

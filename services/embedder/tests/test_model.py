@@ -26,6 +26,17 @@ def test_loads_on_cpu_and_reports_info(model: EmbeddingModel) -> None:
     assert model.info.name == "all-MiniLM-L6-v2-int8"
 
 
+def spinning_of(model: EmbeddingModel) -> str:
+    return model._session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+
+
+def test_threads_do_not_spin_unless_asked(model: EmbeddingModel, settings: EmbedderSettings) -> None:
+    # Spinning threads take the cores the mesh's other services share (docs/BENCHMARKS.md).
+    assert spinning_of(model) == "0"
+    spinning = EmbeddingModel.load(settings.model_copy(update={"embedder_allow_spinning": True}))
+    assert spinning_of(spinning) == "1"
+
+
 @pytest.mark.parametrize("field", ["embedder_model_sha256", "embedder_tokenizer_sha256"])
 def test_sha256_mismatch_fails_naming_file_and_hashes(settings: EmbedderSettings, field: str) -> None:
     bad = "0" * 64

@@ -61,6 +61,15 @@ def test_single_logit_scores_follow_the_graph(cell_model: CrossEncoderModel) -> 
     assert truncated.tolist() == [False, False, False]
 
 
+def test_threads_spin_only_when_asked(cell_model_dir: Path) -> None:
+    def spinning(model: CrossEncoderModel) -> str:
+        options = model.session.get_session_options()
+        return options.get_session_config_entry("session.intra_op.allow_spinning")
+
+    assert spinning(CrossEncoderModel.load(cell_model_dir, provider="cpu")) == "0"
+    assert spinning(CrossEncoderModel.load(cell_model_dir, provider="cpu", spinning=True)) == "1"
+
+
 @pytest.mark.parametrize("head", [TWO_CLASS, "auto"])
 def test_two_class_head_is_read_as_the_logit_difference(make_model_dir: ModelDirFactory, head: str) -> None:
     model = CrossEncoderModel.load(make_model_dir(width=2, head=head), provider="cpu")
