@@ -37,7 +37,7 @@ from services.gateway.degradations import ERROR, REASON_OF, Degradation
 from services.gateway.judge import SentenceJudge
 from services.gateway.metrics import ms
 from services.gateway.search import Searcher, SearchOutcome
-from services.gateway.sentences import Selection, SelectionRules
+from services.gateway.sentences import Selection, SelectionRules, TopicalityFloor
 from services.gateway.support import NARRATOR, SupportCheck, unchecked
 from services.gateway.validation import SearchParams
 
@@ -155,6 +155,9 @@ class Asker:
         reranker = searcher.backends.reranker
         self.judge = SentenceJudge(reranker) if reranker is not None else None
         self.support = SupportCheck(settings, self.judge, narrator.target) if self.judge is not None else None
+        self.topicality = TopicalityFloor.parse(
+            settings.gateway_ask_gate_min_similarity, settings.gateway_ask_gate_similarity_models
+        )
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings, searcher: Searcher) -> Asker:
@@ -189,7 +192,7 @@ class Asker:
         timings: dict[str, float] = {}
         search_end = time.monotonic() + (end - time.monotonic()) * self.settings.gateway_ask_search_share
         with _deadline_scope(search_end):
-            searched = await self.searcher.search(params.search)
+            searched = await self.searcher.search(self._search_params(params))
         # The extractor and narrator answer the question that was searched (a follow-up's
         # standalone rewrite); the narrator also gets the conversation.
         params = dataclasses.replace(
@@ -285,14 +288,18 @@ class Asker:
             gate_min_similarity=s.gateway_ask_gate_min_similarity,
         )
 
+    def _search_params(self, params: AskParams) -> SearchParams:
+        """The search of an Ask: with the sentence judge on, a question the topicality floor
+        will refuse is not reranked (the refusal comes without the reranker's half second)."""
+        if self.judge is None or not self.settings.gateway_ask_sentence_check:
+            return params.search
+        return dataclasses.replace(params.search, skip_rerank_off_topic=self.topicality)
+
     def _calibrated_similarity(self, searched: SearchOutcome) -> float | None:
         """The search's best cosine when the topicality floor was calibrated for the model that
         embedded the question; None otherwise (another model's cosines live on another scale:
         its floor is unknown, so none is applied)."""
-        calibrated = {m.strip() for m in self.settings.gateway_ask_gate_similarity_models.split(",")}
-        if "*" in calibrated or searched.embedder_model in calibrated:
-            return searched.similarity
-        return None
+        return self.topicality.similarity(searched.similarity, searched.embedder_model)
 
     async def _select(
         self,

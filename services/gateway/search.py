@@ -192,7 +192,7 @@ class Searcher:
         )
         timings["hydrate"] = ms(time.perf_counter() - hydrate_started)
         reranked = False
-        if to_rerank and top:
+        if to_rerank and top and not self._off_topic(params, fanout):
             rerank_started = time.perf_counter()
             top, reranked = await self._rerank(params, top, to_rerank, chunks, degradations)
             timings["rerank"] = ms(time.perf_counter() - rerank_started)
@@ -217,6 +217,11 @@ class Searcher:
             fanout.best_dense_score(),
             fanout.embedder_model,
         )
+
+    @staticmethod
+    def _off_topic(params: SearchParams, fanout: Fanout) -> bool:
+        floor = params.skip_rerank_off_topic
+        return floor is not None and floor.refuses(fanout.best_dense_score(), fanout.embedder_model)
 
     def _needs_supplement(self, plan: planner_pb2.Plan, params: SearchParams, fanout: Fanout) -> bool:
         """Supplement HyDE: only when the plain search came back weak, by the best dense

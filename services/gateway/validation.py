@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from meshkit.collections import CollectionRecord, reserved_name_problem
 from meshkit.errors import invalid_argument, resource_exhausted
@@ -15,6 +16,9 @@ from ragmesh.common.v1 import common_pb2
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
+
+if TYPE_CHECKING:
+    from services.gateway.sentences import TopicalityFloor
 
 DENSE, BM25, EXACT = "dense", "bm25", "exact"
 LEGS = (DENSE, BM25, EXACT)
@@ -51,6 +55,9 @@ class SearchParams:
     # The collection's record (meshkit.collections) once resolved: ``collection`` is then the
     # store collection of its serving generation. None: no record (nothing indexed yet).
     record: CollectionRecord | None = None
+    # Set by an Ask: a question under this floor will be refused as off topic, so reranking
+    # its passages would be time spent on an answer that is not given.
+    skip_rerank_off_topic: TopicalityFloor | None = None
 
     def enabled(self, leg: str) -> bool:
         return self.weights[leg] > 0

@@ -102,13 +102,15 @@ async def test_a_question_no_passage_is_near_is_refused_as_off_topic_before_any_
         GOOD_EVIDENCE, gateway_ask_gate_min_similarity=0.95, gateway_ask_gate_similarity_models="x, fake"
     ) as gateway:
         refused = await gateway.stub.Ask(ask(), timeout=10)
-        judged_calls = gateway.fakes.calls["judge"]
+        judged_calls, reranked_calls = gateway.fakes.calls["judge"], gateway.fakes.calls["reranker"]
         # Without the dense leg nothing says how near the collection is: the floor is not applied.
         gateway.fakes.behaviour["index-0"] = gateway.fakes.behaviour["index-1"] = "fail"
         without_dense = await gateway.stub.Ask(ask(), timeout=10)
     assert not refused.answered and not refused.citations
     assert OFF_TOPIC_REASON in refused.answer and "0.900, under 0.95" in refused.answer
     assert judged_calls == 0 and gateway.fakes.calls["narrator"] == 0
+    # Nor were its passages reranked: the refusal did not wait for the reranker.
+    assert reranked_calls == 0 and not any(s.HasField("rerank_score") for s in refused.sources)
     # (Its good passages came from the dense leg: it is refused, but not as off topic.)
     assert OFF_TOPIC_REASON not in without_dense.answer and GATE_REASON in without_dense.answer
     async with judged(
@@ -116,6 +118,7 @@ async def test_a_question_no_passage_is_near_is_refused_as_off_topic_before_any_
     ) as gateway:
         answered = await gateway.stub.Ask(ask(), timeout=10)
     assert answered.answered and answered.citations
+    assert any(s.HasField("rerank_score") for s in answered.sources)
     # A floor calibrated for another model says nothing of this one's cosines: not applied.
     async with judged(GOOD_EVIDENCE, gateway_ask_gate_min_similarity=0.95) as gateway:
         other_model = await gateway.stub.Ask(ask(), timeout=10)

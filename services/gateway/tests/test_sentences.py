@@ -10,6 +10,7 @@ from services.gateway.sentences import (
     Scored,
     SelectionRules,
     SupportRules,
+    TopicalityFloor,
     candidates,
     select,
     support_candidates,
@@ -120,6 +121,17 @@ def test_the_gate_refuses_a_question_no_passage_is_near_however_well_a_sentence_
     assert select(QUERY, strong, TEXTS, passages, RULES, similarity=-0.5).answered
     # Off topic is said even when no sentence was scored (the judge skips them).
     assert select(QUERY, [], TEXTS, passages, floored, similarity=0.25).off_topic
+
+
+def test_the_topicality_floor_holds_only_for_the_models_it_was_calibrated_for() -> None:
+    floor = TopicalityFloor.parse(0.4, " minilm , other-model")
+    assert floor.models == {"minilm", "other-model"}
+    assert floor.refuses(0.25, "minilm") and not floor.refuses(0.4, "minilm")
+    # Another model's cosines, or none at all: nothing is known, nothing refused.
+    assert not floor.refuses(0.25, "e5") and floor.similarity(0.25, "e5") is None
+    assert not floor.refuses(None, "minilm")
+    assert TopicalityFloor.parse(0.4, "*").refuses(0.25, "e5")
+    assert not TopicalityFloor.parse(-1.0, "*").refuses(-0.5, "e5")
 
 
 def test_candidates_keep_the_sentences_closest_to_the_question_when_over_the_pair_bound() -> None:
