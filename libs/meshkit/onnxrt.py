@@ -35,8 +35,8 @@ def session_options(threads: int, spinning: bool) -> ort.SessionOptions:
     """Fully optimised graphs; ``threads`` intra-op threads (0: ONNX Runtime's default, one per
     core). ``spinning`` lets idle intra-op threads busy-wait for the next op. That shaves a little
     latency on a machine the model has to itself, but where services share cores the spinning
-    takes the CPU the others need: on two cores it doubled the embedder's CPU per search and cost
-    the mesh a tenth of its throughput (docs/BENCHMARKS.md)."""
+    takes the CPU the others need: on two cores it doubled the embedder's CPU per search, at the
+    same latency (docs/BENCHMARKS.md)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads > 0:
