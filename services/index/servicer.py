@@ -199,9 +199,9 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
         self._limit(len(request.doc_ids), "doc_ids")
         doc_ids = [self._doc_id(d, f"doc_ids[{i}]") for i, d in enumerate(request.doc_ids)]
         clauses = _clauses(request.filter)
-        hits = await self.shard.search(collection, query, request.top_k, doc_ids, clauses)
-        wanted = [h.chunk_id for h in hits[: request.with_payloads]]
-        stored = await self.shard.get_chunks(collection, wanted) if wanted else []
+        hits, stored = await self.shard.search(
+            collection, query, request.top_k, doc_ids, clauses, request.with_payloads
+        )
         return index_pb2.SearchResponse(
             hits=[index_pb2.SearchHit(chunk_id=h.chunk_id, doc_id=h.doc_id, score=h.score) for h in hits],
             shard=self.shard.shard,

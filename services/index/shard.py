@@ -208,10 +208,19 @@ class IndexShard(ReplicatedStore[CollectionIndex]):
         return int(result or 0)
 
     async def search(
-        self, name: str, query: np.ndarray, top_k: int, doc_ids: list[str], clauses: tuple[Clause, ...] = ()
-    ) -> list[Hit]:
+        self,
+        name: str,
+        query: np.ndarray,
+        top_k: int,
+        doc_ids: list[str],
+        clauses: tuple[Clause, ...] = (),
+        payloads: int = 0,
+    ) -> tuple[list[Hit], list[StoredChunk]]:
+        """The hits, and the stored chunks of the first ``payloads``, in one thread hop."""
         collection = self.get(name)
-        return await asyncio.to_thread(collection.search, query, top_k, doc_ids or None, clauses)
+        return await asyncio.to_thread(
+            collection.search_with_payloads, query, top_k, doc_ids or None, clauses, payloads
+        )
 
     async def get_chunks(self, name: str, chunk_ids: list[str]) -> list[StoredChunk]:
         return await asyncio.to_thread(self.get(name).get_chunks, chunk_ids)

@@ -252,6 +252,19 @@ class CollectionIndex:
         doc_ids: list[str] | None = None,
         clauses: tuple[Clause, ...] = (),
     ) -> list[Hit]:
+        return self.search_with_payloads(query, top_k, doc_ids, clauses)[0]
+
+    def search_with_payloads(
+        self,
+        query: np.ndarray,
+        top_k: int,
+        doc_ids: list[str] | None = None,
+        clauses: tuple[Clause, ...] = (),
+        payloads: int = 0,
+    ) -> tuple[list[Hit], list[StoredChunk]]:
+        """The top_k hits, and the stored chunks of the first ``payloads`` of them, from one read
+        of the collection: a write landing between a search and a later read of the payloads
+        could leave a hit without its text."""
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
         started = time.perf_counter()
         with self._state.read():
@@ -271,24 +284,17 @@ class CollectionIndex:
                 if fid >= 0
             ]
             kind = s.backend.kind
+            searched = time.perf_counter()
+            stored = _stored_chunks(s, [hit.chunk_id for hit in hits[:payloads]]) if payloads else []
         filtered = str(bool(doc_ids) or bool(clauses)).lower()
-        SEARCH_LATENCY.labels(kind, filtered).observe(time.perf_counter() - started)
-        return hits
+        SEARCH_LATENCY.labels(kind, filtered).observe(searched - started)
+        return hits, stored
 
     def get_chunks(self, chunk_ids: list[str]) -> list[StoredChunk]:
         """The stored payload and document source of each chunk held here, in request order
         (chunks written without a payload come back with an empty one)."""
         with self._state.read():
-            s = self._s
-            found = []
-            for chunk_id in chunk_ids:
-                fid = faiss_id(chunk_id)
-                entry = s.meta.get(fid)
-                if entry is None or entry[0] != chunk_id:
-                    continue
-                payload = s.payloads.get(fid, mut.Payload())
-                found.append(StoredChunk(chunk_id, entry[1], payload, s.sources.get(entry[1], mut.Source())))
-            return found
+            return _stored_chunks(self._s, chunk_ids)
 
     def stats(self) -> CollectionStats:
         with self._state.read():
@@ -474,3 +480,17 @@ class CollectionIndex:
             return True
         finally:
             self._rebuild_lock.release()
+
+
+def _stored_chunks(state: IndexState, chunk_ids: list[str]) -> list[StoredChunk]:
+    """The stored chunks of ``chunk_ids`` held in ``state``, in request order; the caller holds
+    the collection's read lock."""
+    found = []
+    for chunk_id in chunk_ids:
+        fid = faiss_id(chunk_id)
+        entry = state.meta.get(fid)
+        if entry is None or entry[0] != chunk_id:
+            continue
+        payload = state.payloads.get(fid, mut.Payload())
+        found.append(StoredChunk(chunk_id, entry[1], payload, state.sources.get(entry[1], mut.Source())))
+    return found
