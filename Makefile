@@ -143,6 +143,7 @@ bench: setup
 	$(PY) -m bench.exact_bench --corpus $(SCIFACT)/corpus.jsonl.gz
 	$(PY) -m bench.ingest_bench --dataset $(SCIFACT)
 	$(PY) -m bench.search_bench --dataset $(SCIFACT) --json
+	$(PY) -m bench.faiss_threads --json
 	$(PY) -m bench.rerank_bench --dataset $(SCIFACT) --json
 	$(PY) -m bench.scale_bench --dataset $(SCIFACT)
 

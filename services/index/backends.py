@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,22 @@ class BackendConfig:
     ivf_nprobe: int = 16
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
+
+
+@contextmanager
+def omp_threads(n: int) -> Iterator[None]:
+    """FAISS runs with ``n`` OpenMP threads on the calling thread inside the block.
+
+    A search scores one query, which a single thread does fastest; with more, FAISS's idle
+    OpenMP threads busy-wait after every search, burning cores the other stages need. OpenMP
+    keeps this setting per thread, so the previous value comes back for whatever the pool
+    worker runs next (a rebuild wants every core)."""
+    previous = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(n)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(previous)
 
 
 def ivf_nlist(n: int) -> int:

@@ -52,6 +52,7 @@ class IndexPolicy:
     ivf_nprobe: int = 16
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
+    search_threads: int = 1
 
     def backend_config(self) -> BackendConfig:
         return BackendConfig(self.dimension, self.ivf_nprobe, self.hnsw_m, self.hnsw_ef_search)

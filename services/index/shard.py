@@ -60,6 +60,7 @@ def policy_of(settings: IndexSettings) -> IndexPolicy:
         ivf_nprobe=settings.index_ivf_nprobe,
         hnsw_m=settings.index_hnsw_m,
         hnsw_ef_search=settings.index_hnsw_ef_search,
+        search_threads=settings.index_search_threads,
     )
 
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from meshkit.metadata import Clause
 from services.index import mutations as mut
-from services.index.backends import Backend, VectorTable, build_backend
+from services.index.backends import Backend, VectorTable, build_backend, omp_threads
 from services.index.metrics import (
     PENDING_WAL,
     REBUILDS,
@@ -267,7 +267,7 @@ class CollectionIndex:
         could leave a hit without its text."""
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
         started = time.perf_counter()
-        with self._state.read():
+        with self._state.read(), omp_threads(self.policy.search_threads):
             s = self._s
             if clauses:
                 universe = set(doc_ids) if doc_ids else s.docs.keys()

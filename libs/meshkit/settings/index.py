@@ -22,6 +22,9 @@ class IndexSettings(StoreSettings):
     index_ivf_nprobe: int = Field(16, description="IVF lists probed per search.")
     index_hnsw_m: int = Field(32, description="HNSW graph degree.")
     index_hnsw_ef_search: int = Field(128, description="HNSW search breadth.")
+    index_search_threads: int = Field(
+        1, ge=1, description="OpenMP threads FAISS uses for one search (more only spin between searches)."
+    )
     index_snapshot_every: int = Field(2000, description="WAL records that trigger a snapshot.")
     index_snapshot_interval_s: float = Field(30.0, description="Max seconds between snapshots when dirty.")
     index_upload_snapshots: bool = Field(True, description="Also keep snapshots in the object store.")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 from meshkit.errors import ServiceError
 from services.index import store as store_module
-from services.index.backends import VectorTable
+from services.index.backends import FlatBackend, VectorTable, faiss
 from services.index.store import CollectionIndex
 from services.index.wal import WalCorruption
 
@@ -47,6 +48,33 @@ def test_search_matches_brute_force(index: CollectionIndex) -> None:
             float(vectors[brute_force(vectors, query, 1)[0]] @ query), abs=1e-5
         )
         assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_search_runs_faiss_with_the_policy_threads_and_gives_the_worker_its_own_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-query search on several OpenMP threads leaves them busy-waiting on shared cores:
+    the policy's count applies inside the search only, on the thread that runs it."""
+    index = open_index(tmp_path, index_type="flat", search_threads=1)
+    fill(index, 50)
+    seen: list[int] = []
+    real_search = FlatBackend.search
+
+    def recording_search(self: FlatBackend, *args: object) -> tuple[np.ndarray, np.ndarray]:
+        seen.append(faiss.omp_get_max_threads())
+        return real_search(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FlatBackend, "search", recording_search)
+
+    def worker() -> int:
+        faiss.omp_set_num_threads(3)
+        assert index.search(random_vectors(1, 7)[0], 5)
+        return int(faiss.omp_get_max_threads())
+
+    with ThreadPoolExecutor(1) as pool:
+        after = pool.submit(worker).result()
+    assert seen == [1]
+    assert after == 3
 
 
 def test_top_k_larger_than_collection_returns_everything(index: CollectionIndex) -> None:
