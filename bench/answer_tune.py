@@ -252,7 +252,7 @@ def evaluate(
     sets: Sequence[list[dict[str, Any]]], rules: SelectionRules, floor: float, passages: int, max_pairs: int
 ) -> dict[str, float]:
     answered = gold_cited = citations = gold_citations = hits = total_rationales = refused = unanswerable = 0
-    answerable = 0
+    answerable = total_facts = rationale_facts = with_rationales = 0
     for questions in sets:
         for item in questions:
             read, chosen = replay(item, rules, floor, passages, max_pairs)
@@ -271,13 +271,25 @@ def evaluate(
             for doc, sentence in item["rationales"]:
                 total_rationales += 1
                 hits += any(d == doc and coverage(sentence, f) >= RATIONALE_COVERAGE for d, f in facts)
+            if item["rationales"]:
+                with_rationales += 1
+                total_facts += len(facts)
+                rationale_facts += sum(_is_rationale(fact, item["rationales"]) for fact in facts)
     return {
         "answered": answered / answerable if answerable else float("nan"),
         "gold_cited": gold_cited / answerable if answerable else float("nan"),
         "precision": gold_citations / citations if citations else float("nan"),
         "rationale_recall": hits / total_rationales if total_rationales else float("nan"),
+        # Share of the facts (of questions with rationales) that are a rationale sentence.
+        "fact_precision": rationale_facts / total_facts if total_facts else float("nan"),
+        "facts_per_question": total_facts / with_rationales if with_rationales else float("nan"),
         "refused": refused / unanswerable if unanswerable else float("nan"),
     }
+
+
+def _is_rationale(fact: tuple[str, str], rationales: Sequence[tuple[str, str]]) -> bool:
+    doc, text = fact
+    return any(d == doc and coverage(sentence, text) >= RATIONALE_COVERAGE for d, sentence in rationales)
 
 
 def tune(args: argparse.Namespace) -> None:
@@ -313,6 +325,7 @@ def tune(args: argparse.Namespace) -> None:
         # Each set on its own too: a small set's refusals are lost in a pooled share.
         each = [
             f"{name}: answered {m['answered']:.3f} gold {m['gold_cited']:.3f} prec {m['precision']:.3f}"
+            + _fact_figures(m)
             for name, m in _per_set(args.answerable, answerable, rules, args)
         ] + [
             f"{name}: refused {m['refused']:.3f}"
@@ -326,6 +339,15 @@ def tune(args: argparse.Namespace) -> None:
             f"prec {a['precision']:.3f} rat {a['rationale_recall']:.3f} | refused {u['refused']:.3f}"
             + "".join(f"\n    {line}" for line in each)
         )
+
+
+def _fact_figures(m: dict[str, float]) -> str:
+    if m["rationale_recall"] != m["rationale_recall"]:  # NaN: the set has no rationales
+        return ""
+    return (
+        f" rat {m['rationale_recall']:.3f} fact prec {m['fact_precision']:.3f}"
+        f" facts/q {m['facts_per_question']:.1f}"
+    )
 
 
 def _per_set(
