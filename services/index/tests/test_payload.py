@@ -3,10 +3,13 @@ vectors, restored from snapshot + WAL, and applied before ranking."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from meshkit.ids import chunk_id_for
 from meshkit.metadata import EQ, EXISTS, IN, NE, Clause
 from services.index import mutations as mut
 from services.index.mutations import ChunkBatch, Replacement, Source
@@ -111,3 +114,47 @@ def test_records_written_before_payloads_still_decode() -> None:
     assert again.documents[0].source == new.documents[0].source
     assert again.documents[0].upserts.payloads == new.documents[0].upserts.payloads
     assert again.documents[0].fence == 3
+
+
+def test_every_hit_comes_with_its_payload_while_writers_replace_documents(index: CollectionIndex) -> None:
+    """A search and its hits' payloads are one read: documents replaced (every chunk id new)
+    between the two would leave a hit without its text."""
+    docs = [f"doc-{d}" for d in range(8)]
+
+    def write_version(version: int) -> None:
+        for d, doc_id in enumerate(docs):
+            ids = [chunk_id_for("docs", doc_id, f"v{version} {i}") for i in range(4)]
+            payloads = [mut.Payload(f"{doc_id} v{version} {i}") for i in range(4)]
+            vectors = random_vectors(4, seed=1000 * version + d)
+            batch = ChunkBatch(ids, [doc_id] * 4, vectors, payloads)
+            index.replace_documents([Replacement(doc_id, batch, [], 0, None)])
+
+    write_version(0)
+    stop = threading.Event()
+    problems: list[str] = []
+
+    def writer() -> None:
+        version = 1
+        while not stop.is_set():
+            write_version(version)
+            version += 1
+
+    def reader(seed: int) -> int:
+        searches = 0
+        for query in random_vectors(400, seed=seed):
+            hits, stored = index.search_with_payloads(query, 10, payloads=10)
+            searches += 1
+            if [s.chunk_id for s in stored] != [h.chunk_id for h in hits]:
+                problems.append(f"{len(hits)} hits, {len(stored)} payloads")
+            problems.extend(
+                f"{s.chunk_id}: {s.payload.text!r}" for s in stored if not s.payload.text.startswith(s.doc_id)
+            )
+        return searches
+
+    with ThreadPoolExecutor(3) as pool:
+        writing = pool.submit(writer)
+        searches = sum(pool.map(reader, [1, 2]))
+        stop.set()
+        writing.result()
+    assert searches == 800
+    assert problems == []
