@@ -103,9 +103,9 @@ def format_answer(response: gateway_pb2.AskResponse, question: str = "") -> str:
         for item in response.contradictions:
             lines.append(f"  {', '.join(f'[{n}]' for n in item.sources)}: {item.description}")
     if response.facts:
-        lines.append("\nfacts:")
+        lines.append("\nfacts (score, best first):")
         for fact in response.facts:
-            lines.append(f"  {fact.doc_id}: {snippet(fact.text, 100)}")
+            lines.append(f"  {fact.score:+6.2f} {fact.doc_id}: {snippet(fact.text, 100)}")
     explored = len(response.sources)
     cited = sum(1 for s in response.sources if s.cited)
     mode = gateway_pb2.AnswerMode.Name(response.mode).removeprefix("ANSWER_MODE_").lower()

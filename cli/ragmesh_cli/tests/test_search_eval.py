@@ -319,6 +319,17 @@ def test_ask_shows_the_query_searched_when_it_differs() -> None:
     assert "searched:" not in format_answer(same, "How  many nodes?")
 
 
+def test_ask_lists_facts_with_their_scores_best_first() -> None:
+    from ragmesh_cli.ask import format_answer
+
+    response = gateway_pb2.AskResponse(answer="Yes [1].")
+    response.facts.add(text="Supplements cut hip fractures by a fifth.", doc_id="d1", score=2.5)
+    response.facts.add(text="All subjects received calcium.", doc_id="d2", score=-4.25)
+    text = format_answer(response, "Do supplements help?")
+    assert "facts (score, best first):\n   +2.50 d1: Supplements cut hip fractures" in text
+    assert "   -4.25 d2: All subjects received calcium." in text
+
+
 def test_eval_command_reports_every_system_and_compares_runs(
     fake_servers: FakeGateway, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
