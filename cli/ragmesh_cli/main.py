@@ -103,7 +103,8 @@ def _security_note(stack: Stack) -> str:
         )
     secure_dir = stack.state_dir / "secure"
     return (
-        f"secure stack: API keys, mTLS between services, NATS and S3 credentials per service; the CLI "
+        f"secure stack: API keys, mTLS between services, NATS and S3 credentials per service, a key "
+        f"for the LLM server; the CLI "
         f"uses the ops identity from {secure_dir} (CA pki/ca.crt, keys file api-keys.json)"
     )
 

@@ -48,7 +48,8 @@ API_KEYS_FILE = "api-keys.json"
 SERVER_NAME = "localhost"
 OPS_KEY = "ops"
 
-# The identity each kind of stack process runs as (the LLM server speaks plain HTTP on loopback).
+# The identity each kind of stack process runs as. The LLM server has none: llama.cpp speaks plain
+# HTTP on loopback (this build has no TLS) and takes a bearer key, which only the answer stages hold.
 IDENTITY_OF_KIND: dict[str, str] = {
     "gateway": GATEWAY,
     "ingestion": INGESTION,
@@ -62,6 +63,9 @@ IDENTITY_OF_KIND: dict[str, str] = {
     "narrator": NARRATOR,
 }
 PUBLIC_IDENTITIES = (GATEWAY, INGESTION)
+# The identities that call the LLM server.
+LLM_CLIENTS = (PLANNER, EXTRACTOR, NARRATOR)
+LLM_SERVER_KIND = "llm"
 
 DOCUMENTS, SNAPSHOTS, MODELS = "ragmesh-documents", "ragmesh-snapshots", "ragmesh-models"
 BUCKETS = (DOCUMENTS, SNAPSHOTS, MODELS)
@@ -95,6 +99,8 @@ _OWNED = (
     "RAGMESH_S3_ACCESS_KEY",
     "RAGMESH_S3_SECRET_KEY",
     "RAGMESH_S3_SECURE",
+    "RAGMESH_LLM_API_KEY",
+    "RAGMESH_LLM_SERVER_API_KEY",
 )
 
 # Tenant name -> (collections it may read, collections it may write).
@@ -132,6 +138,7 @@ class SecureMaterial:
             changed |= _ensure(secrets_["s3"], identity, _new_s3_key)
         for name in [OPS_KEY, *self.tenants]:
             changed |= _ensure(secrets_["api_keys"], name, new_api_key)
+        changed |= _ensure(secrets_["llm"], "api_key", lambda: secrets.token_urlsafe(32))
         # A stack restarted without its tenants (ragmesh up on a running one) keeps their grants.
         for name, (read, write) in self.tenants.items():
             grant = {"read": list(read), "write": list(write)}
@@ -145,7 +152,7 @@ class SecureMaterial:
         if self._secrets is None:
             path = self.root / CREDENTIALS_FILE
             loaded: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-            for section in ("nats", "s3", "api_keys", "grants"):
+            for section in ("nats", "s3", "api_keys", "grants", "llm"):
                 loaded.setdefault(section, {})
             self._secrets = loaded
         return self._secrets
@@ -166,6 +173,10 @@ class SecureMaterial:
 
     def api_key(self, name: str = OPS_KEY) -> str:
         key: str = self._load_secrets()["api_keys"][name]
+        return key
+
+    def llm_api_key(self) -> str:
+        key: str = self._load_secrets()["llm"]["api_key"]
         return key
 
     def nats_passwords(self) -> dict[str, str]:
@@ -202,6 +213,13 @@ class SecureMaterial:
         for name in _OWNED:
             env.pop(name, None)
 
+    def apply_server_env(self, env: MutableMapping[str, str], kind: str) -> None:
+        """The environment of a process without a mesh identity (NATS, S3, the LLM server):
+        no credential but the LLM server's own key."""
+        self.strip_env(env)
+        if kind == LLM_SERVER_KIND:
+            env["RAGMESH_LLM_SERVER_API_KEY"] = self.llm_api_key()
+
     def apply_env(self, env: MutableMapping[str, str], identity: str, nats_address: str | None) -> None:
         """Make ``env`` the environment of ``identity``: its certificate (service_auth=mtls for
         a service; ops calls without serving), its API keys file or key, NATS user, S3 key."""
@@ -218,6 +236,8 @@ class SecureMaterial:
             env["RAGMESH_TLS_KEY_FILE"] = str(self.pki.key(identity))
         if identity in PUBLIC_IDENTITIES:
             env["RAGMESH_API_KEYS_FILE"] = str(self.keys_file)
+        if identity in LLM_CLIENTS:
+            env["RAGMESH_LLM_API_KEY"] = self.llm_api_key()
         if nats_address is not None:
             env["RAGMESH_NATS_URL"] = f"tls://{nats_address}"
         passwords = self.nats_passwords()

@@ -37,7 +37,7 @@ from meshkit.auth import (
 from meshkit.errors import ServiceError
 from meshkit.logs import JsonFormatter, api_key_name_var
 from meshkit.server import ServiceSpec, start_service
-from meshkit.settings import GatewaySettings, IngestionSettings, LLMSettings, MeshSettings
+from meshkit.settings import GatewaySettings, IngestionSettings, LLMServerSettings, LLMSettings, MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 
 READER_KEY = "rmk_reader-secret-value"
@@ -353,6 +353,8 @@ def test_settings_never_show_secrets() -> None:
         assert value not in shown
     for cls in (GatewaySettings, IngestionSettings):
         assert "cli-key-123" not in repr(cls(api_key="cli-key-123"))
+    server = LLMServerSettings(llm_server_api_key="llm-server-key-345")
+    assert "llm-server-key-345" not in repr(server) + str(server)
 
 
 # ----------------------------------------------------------------------------- through a server

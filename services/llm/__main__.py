@@ -27,8 +27,13 @@ def serve(settings: LLMServerSettings) -> None:
     params.n_parallel = settings.llm_server_parallel
     if settings.llm_server_threads:
         params.cpuparams.n_threads = settings.llm_server_threads
+    if settings.llm_server_api_key:
+        params.api_keys = [settings.llm_server_api_key]
     server = xllamacpp.Server(params)
-    log.info("llm server listening", extra={"address": server.listening_address})
+    log.info(
+        "llm server listening",
+        extra={"address": server.listening_address, "api_key": bool(settings.llm_server_api_key)},
+    )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -25,8 +25,8 @@ from ragmesh_cli.channels import api_key_interceptors
 from ragmesh_cli.stack import ALL_SERVICES, Stack
 from ragmesh_client import TLS, AsyncClient, RetryPolicy
 
-# Every service but the LLM server: the secure stacks' answers are extractive (the local model
-# would cost minutes of start-up and CPU for nothing these tests check).
+# Every service but the LLM server, for stacks whose tests ask for no LLM answer (the local model
+# would cost CPU for nothing they check). The secure stack of tests/integration/secure runs it.
 SERVICES_WITHOUT_LLM = [kind for kind in ALL_SERVICES if kind != "llm"]
 
 MD = ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN

@@ -182,14 +182,18 @@ class Stack:
         env.update(self.extra_env)
         env.update(comp.env)
         env["PYTHONUNBUFFERED"] = "1"
-        self._apply_identity(env, IDENTITY_OF_KIND.get(comp.kind))
+        identity = IDENTITY_OF_KIND.get(comp.kind)
+        if identity is None and self.secrets is not None:
+            self.secrets.apply_server_env(env, comp.kind)
+        else:
+            self._apply_identity(env, identity)
         return env
 
     # ------------------------------------------------------------------ secure mode
 
     def _apply_identity(self, env: dict[str, str], identity: str | None) -> None:
         """In a secure stack, make ``env`` that of ``identity`` (certificate, keys, credentials);
-        a process without one (NATS, S3, the LLM server) gets no credentials at all."""
+        without one, no credentials at all."""
         if self.secrets is None:
             return
         if identity is None:

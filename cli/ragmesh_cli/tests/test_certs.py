@@ -14,7 +14,15 @@ from cryptography import x509
 from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from meshkit.identity import GATEWAY, INGESTION_WORKER, MESH_IDENTITIES, OPS, certificate_identity, spiffe_id
+from meshkit.identity import (
+    GATEWAY,
+    INGESTION_WORKER,
+    MESH_IDENTITIES,
+    NARRATOR,
+    OPS,
+    certificate_identity,
+    spiffe_id,
+)
 from meshkit.pki import INFRA_PEERS, INFRA_SERVERS, PKIFiles
 from ragmesh_cli.main import main
 from ragmesh_cli.natsconf import USER_GRANTS, nats_config, permissions
@@ -126,6 +134,17 @@ def test_each_process_environment_carries_only_its_own_credentials(tmp_path: Pat
     material.strip_env(nats_server)
     secrets_ = ("RAGMESH_NATS_PASSWORD", "RAGMESH_S3_SECRET_KEY", "RAGMESH_TLS_KEY_FILE", "RAGMESH_API_KEY")
     assert nats_server["OTHER"] == "kept" and not any(name in nats_server for name in secrets_)
+    # The LLM key: the answer stages send it, the LLM server checks it, nobody else holds it.
+    narrator: dict[str, str] = {}
+    material.apply_env(narrator, NARRATOR, None)
+    assert narrator["RAGMESH_LLM_API_KEY"] == material.llm_api_key() != ""
+    assert "RAGMESH_LLM_API_KEY" not in worker and "RAGMESH_LLM_API_KEY" not in gateway
+    llm_server = {**worker, "RAGMESH_LLM_API_KEY": "leaked"}
+    material.apply_server_env(llm_server, "llm")
+    assert llm_server["RAGMESH_LLM_SERVER_API_KEY"] == material.llm_api_key()
+    assert not any(name in llm_server for name in (*secrets_, "RAGMESH_LLM_API_KEY"))
+    material.apply_server_env(llm_server, "nats")
+    assert "RAGMESH_LLM_SERVER_API_KEY" not in llm_server
     ops: dict[str, str] = {}
     material.apply_env(ops, OPS, None)
     assert ops["RAGMESH_API_KEY"] == material.api_key() and "RAGMESH_SERVICE_AUTH" not in ops
@@ -136,10 +155,11 @@ def test_each_process_environment_carries_only_its_own_credentials(tmp_path: Pat
     assert stat.S_IMODE(material.keys_file.stat().st_mode) == 0o600
     # Preparing again, without the tenants (ragmesh up on a running stack), keeps every secret
     # and every grant as they were.
-    before = (material.api_key(), material.nats_passwords(), keys_text)
+    before = (material.api_key(), material.nats_passwords(), material.llm_api_key(), keys_text)
     again = SecureMaterial(tmp_path)
     again.prepare()
-    assert (again.api_key(), again.nats_passwords(), again.keys_file.read_text()) == before
+    after = (again.api_key(), again.nats_passwords(), again.llm_api_key(), again.keys_file.read_text())
+    assert after == before
 
 
 def test_nats_users_get_only_their_subjects(tmp_path: Path) -> None:

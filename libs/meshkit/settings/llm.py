@@ -70,3 +70,9 @@ class LLMServerSettings(MeshSettings):
     llm_server_ctx: int = Field(4096, ge=256, description="Context tokens, shared by the parallel slots.")
     llm_server_parallel: int = Field(2, ge=1, description="Requests decoded in parallel.")
     llm_server_threads: int = Field(0, ge=0, description="CPU threads (0: llama.cpp's default).")
+    llm_server_api_key: str = Field(
+        "",
+        description="Bearer key every completion call must carry ('': none; /health stays open). The "
+        "answer stages send it as RAGMESH_LLM_API_KEY.",
+        repr=False,
+    )

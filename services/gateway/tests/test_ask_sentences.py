@@ -52,11 +52,13 @@ async def test_an_extractive_answer_states_the_judged_sentences_of_few_strong_pa
     assert response.answer == "Vitamin D reduced hip fractures in a trial [1]. Compliance was high [1]."
     assert [NAME_OF[c.chunk_id] for c in response.citations] == ["c3"]
     assert all(s.support_check == narrator_pb2.SUPPORT_CHECK_QUOTED for s in response.sentences)
-    # The facts are the sentences over the fact floor (0), best first, with their log-odds.
+    # The facts are the sentences at or over the fact floor (default -5), best first, with their
+    # log-odds: the weak one too, last.
     assert [(f.text, f.score) for f in response.facts] == [
         ("Vitamin D reduced hip fractures in a trial.", 3.0),
         ("Compliance was high.", 2.5),
         ("Hip fractures fell with calcium.", 1.0),
+        ("The answer is here in full.", -3.0),
     ]
     assert gateway.fakes.calls["extractor"] == 0
     narrate = gateway.fakes.requests["narrator"][0]

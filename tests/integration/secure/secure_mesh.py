@@ -1,6 +1,7 @@
 """The secure local stack the tests of this folder run against, as ``ragmesh up --secure`` runs
 it (two index shards, two ingestion workers, two embedder replicas, a gateway of two processes,
-two tenants with an API key each), a tenant's view of it, and the status a refused call got."""
+the local LLM server, two tenants with an API key each), a tenant's view of it, and the status a
+refused call got."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import grpc
 from grpc import aio
 
 from meshkit.tls import ClientTLS
-from ragmesh_cli.stack import Stack
-from tests.integration.meshclients import SERVICES_WITHOUT_LLM, Mesh
+from ragmesh_cli.stack import ALL_SERVICES, Stack
+from tests.integration.meshclients import Mesh
 
 ALPHA, BETA = "alpha", "beta"
 TENANTS = {"tenant-a": ([ALPHA], [ALPHA]), "tenant-b": ([BETA], [BETA])}
@@ -37,7 +38,7 @@ def start_secure_stack(state_dir: Path) -> Stack:
         state_dir,
         workers=2,
         index_shards=2,
-        services=SERVICES_WITHOUT_LLM,
+        services=ALL_SERVICES,
         secure=True,
         api_keys=TENANTS,
         # A replica list (one TLS name for several addresses) and pre-fork workers on one port.

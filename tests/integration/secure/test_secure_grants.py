@@ -17,7 +17,7 @@ from meshkit.identity import INDEX, INGESTION, INGESTION_WORKER, OPS, SPARSE
 from meshkit.natsconn import connect_options
 from meshkit.objectstore import ObjectStore
 from meshkit.settings import MeshSettings
-from ragmesh_cli.secure import DOCUMENTS, IDENTITY_OF_KIND, MODELS, S3_GRANTS, SNAPSHOTS
+from ragmesh_cli.secure import DOCUMENTS, IDENTITY_OF_KIND, LLM_CLIENTS, MODELS, S3_GRANTS, SNAPSHOTS
 from ragmesh_cli.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -154,12 +154,18 @@ def environ(pid: int | None) -> dict[str, str]:
 def test_each_process_holds_only_its_own_credentials(secure_stack: Stack) -> None:
     assert secure_stack.secrets is not None
     passwords = secure_stack.secrets.nats_passwords()
+    llm_key = secure_stack.secrets.llm_api_key()
+    kinds = set()
     for name in secure_stack.names():
         component = secure_stack.component(name)
+        kinds.add(component.kind)
         env = environ(component.pid)
         identity = IDENTITY_OF_KIND.get(component.kind)
         assert "RAGMESH_API_KEY" not in env, name  # the ops key stays with the operator
-        if identity is None:  # NATS, S3: no credentials of anyone
+        # The LLM key: the server's to check, the answer stages' to send, nobody else's.
+        assert env.get("RAGMESH_LLM_API_KEY") == (llm_key if identity in LLM_CLIENTS else None), name
+        assert env.get("RAGMESH_LLM_SERVER_API_KEY") == (llm_key if component.kind == "llm" else None), name
+        if identity is None:  # NATS, S3, the LLM server: no mesh credentials of anyone
             held = {"RAGMESH_S3_SECRET_KEY", "RAGMESH_NATS_PASSWORD", "RAGMESH_TLS_KEY_FILE"} & set(env)
             assert not held and "RAGMESH_TLS_CLIENT_KEY_FILE" not in env, (name, held)
             continue
@@ -170,3 +176,4 @@ def test_each_process_holds_only_its_own_credentials(secure_stack: Stack) -> Non
             assert env["RAGMESH_S3_SECRET_KEY"] == secure_stack.secrets.s3_key(identity).secret_key
         else:
             assert "RAGMESH_S3_SECRET_KEY" not in env, name
+    assert {"llm", "planner", "extractor", "narrator"} <= kinds

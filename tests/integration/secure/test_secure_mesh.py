@@ -5,6 +5,7 @@ replicas and a gateway of two processes, production timings (no test overrides o
 wait or deliveries).
 
 - a full ingest -> search -> ask works with all of it on, through the API and the CLI;
+- the LLM server answers only callers with the stack's LLM key, which the answer stages hold;
 - nobody without a mesh certificate gets anything from an internal stage (plaintext or TLS),
   whatever the method (sparse GetChunks and Delete, index Search, embedder Embed ...);
 - a mesh identity reaches only the methods its service is allowed to call;
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from grpc import aio
 
@@ -72,6 +74,35 @@ async def test_ingest_search_and_ask_with_everything_on(
         # Every stage answered over mTLS: nothing was skipped.
         assert not answer.degradations, answer.degradations
         assert {c.doc_id for c in answer.citations} <= set(indexed[ALPHA])
+    finally:
+        await mesh.close()
+
+
+async def test_the_llm_server_answers_the_answer_stages_only(
+    secure_stack: Stack, indexed: dict[str, list[str]]
+) -> None:
+    """llama.cpp here has no TLS: its bearer key is what keeps other local processes off it."""
+    assert secure_stack.secrets is not None
+    url = f"http://{secure_stack.address('llm')}/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 4}
+    tenant_key = secure_stack.api_key("tenant-a")
+    async with httpx.AsyncClient(timeout=60) as client:
+        for headers in ({}, {"Authorization": f"Bearer {tenant_key}"}):
+            assert (await client.post(url, json=body, headers=headers)).status_code == 401, headers
+        key = secure_stack.secrets.llm_api_key()
+        allowed = await client.post(url, json=body, headers={"Authorization": f"Bearer {key}"})
+        assert allowed.status_code == 200, allowed.text
+    mesh = tenant(secure_stack, "tenant-a")
+    try:
+        gateway = gateway_pb2_grpc.GatewayServiceStub(mesh.channel("gateway"))
+        question = gw.AskRequest(
+            collection=ALPHA, query="How do I rotate an API key?", mode=gw.ANSWER_MODE_LLM
+        )
+        answer = await gateway.Ask(question, timeout=120)
+        assert answer.answered and answer.citations, answer
+        # Extractor and narrator reached the model: at most its output was refused as invalid.
+        failed = [d for d in answer.degradations if d.reason != gw.DEGRADATION_REASON_INVALID_OUTPUT]
+        assert not failed, failed
     finally:
         await mesh.close()
 
