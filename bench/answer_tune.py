@@ -314,6 +314,7 @@ def tune(args: argparse.Namespace) -> None:
             gate_min_similarity=similarity,
             fact_min_score=args.fact_min,
             max_facts=args.max_facts,
+            fact_passage_weight=args.fact_passage_weight,
             sentence_weight=weight,
             cite_margin=margin,
             max_cited_passages=max_cited,
@@ -478,6 +479,7 @@ def main() -> None:
         t.add_argument("--weight", nargs="+", type=float, default=[0.5])
         t.add_argument("--fact-min", type=float, default=0.0)
         t.add_argument("--max-facts", type=int, default=8)
+        t.add_argument("--fact-passage-weight", type=float, default=0.0)
         t.add_argument("--floor", type=float, default=-2.0)
         t.add_argument("--passages", type=int, default=6)
         t.add_argument("--max-pairs", type=int, default=48)

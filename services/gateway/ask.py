@@ -286,6 +286,7 @@ class Asker:
             sentences_per_passage=s.gateway_ask_sentences_per_passage,
             sentence_margin=s.gateway_ask_sentence_margin,
             gate_min_similarity=s.gateway_ask_gate_min_similarity,
+            fact_passage_weight=s.gateway_ask_fact_passage_weight,
         )
 
     def _search_params(self, params: AskParams) -> SearchParams:

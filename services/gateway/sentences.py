@@ -69,7 +69,9 @@ class SelectionRules:
     gate_min_score: float
     gate_coverage_weight: float
     gate_unknown_weight: float
-    # Facts: sentences scoring at least this, best first, at most max_facts.
+    # Facts: sentences scoring at least fact_min_score, at most max_facts, best first by their
+    # score plus fact_passage_weight times their passage's: a weaker sentence of a passage the
+    # reranker trusts is more often evidence than a stronger one of a passage it doubts.
     fact_min_score: float
     max_facts: int
     # Citations: passages whose strength (their own score plus sentence_weight times their best
@@ -87,6 +89,7 @@ class SelectionRules:
     # worth quoting for "What is the capital of Canada?". A question no passage is near in
     # embedding space is not about these documents, whatever a sentence shares with it.
     gate_min_similarity: float = -1.0
+    fact_passage_weight: float = 0.0
 
 
 @dataclass
@@ -214,7 +217,7 @@ def select(
     evidence = strongest + rules.gate_coverage_weight * share - rules.gate_unknown_weight * unknown
     if evidence < rules.gate_min_score:
         return Selection(False, [], [], evidence, share, unknown, similarity)
-    facts = [s for s in ranked if s.score >= rules.fact_min_score][: rules.max_facts] or ranked[:1]
+    facts = _facts(ranked, passage_scores, rules) or ranked[:1]
     cited = sorted(
         (p for p in strength if strength[p] >= strongest - rules.cite_margin),
         key=lambda p: (-strength[p], p),
@@ -226,6 +229,15 @@ def select(
         chosen = [s for s in own if s.score >= top - rules.sentence_margin][: rules.sentences_per_passage]
         answer.extend(sorted(chosen, key=lambda s: s.candidate.position))
     return Selection(True, facts, answer, evidence, share, unknown, similarity)
+
+
+def _facts(ranked: list[Scored], passage_scores: Sequence[float], rules: SelectionRules) -> list[Scored]:
+    """The sentences over the fact floor, best first by their own and their passage's score
+    (ties keep ``ranked``'s order: sorted is stable), at most max_facts."""
+    weight = rules.fact_passage_weight
+    kept = [s for s in ranked if s.score >= rules.fact_min_score]
+    kept.sort(key=lambda s: -(s.score + weight * passage_scores[s.passage]))
+    return kept[: rules.max_facts]
 
 
 @dataclass(frozen=True)

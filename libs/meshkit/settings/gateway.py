@@ -159,6 +159,12 @@ class GatewaySettings(MeshSettings):
         "gateway_ask_max_facts, tuned for rationale recall on SciFact's held-out train claims.",
     )
     gateway_ask_max_facts: int = Field(10, ge=1, description="Most facts an Ask passes on and returns.")
+    gateway_ask_fact_passage_weight: float = Field(
+        2.0,
+        ge=0,
+        description="Facts are ordered by their sentence score plus this times their passage's reranker "
+        "score (tuned with gateway_ask_max_facts).",
+    )
     gateway_ask_sentence_weight: float = Field(
         0.5,
         ge=0,

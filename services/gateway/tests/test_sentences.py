@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 from services.gateway.answer_text import bound_sources, quoted
 from services.gateway.sentences import (
@@ -69,6 +70,22 @@ def test_a_passage_the_reranker_scored_higher_is_cited_before_a_slightly_better_
     # 2.0 ahead: passage 0 is the stronger (1.0 + 3.0 against -1.0 + 3.5) and the only one cited.
     chosen = select(QUERY, [scored(0, 0, 3.0), scored(1, 0, 3.5)], TEXTS, [1.0, -1.0, 0.0], RULES)
     assert {s.passage for s in chosen.answer} == {0}
+
+
+def test_facts_of_a_passage_the_reranker_trusts_come_before_stronger_sentences_of_a_doubted_one() -> None:
+    sentences = [scored(0, 0, 3.0), scored(1, 0, 2.0), scored(1, 1, 1.5), scored(0, 1, -1.5)]
+    passage_scores = [1.0, -1.0, 0.0]
+    # Without the passage weight: by sentence score alone, the floor (-1) dropping -1.5.
+    plain = select(QUERY, sentences, TEXTS, passage_scores, RULES)
+    assert [s.score for s in plain.facts] == [3.0, 2.0, 1.5]
+    # Weight 2: passage 0's sentences gain 2, passage 1's lose 2 (5.0, 0.0, -0.5); the floor
+    # still reads the sentence's own score, and the fact keeps it.
+    weighted = select(QUERY, sentences, TEXTS, passage_scores, replace(RULES, fact_passage_weight=2.0))
+    assert [(s.passage, s.score) for s in weighted.facts] == [(0, 3.0), (1, 2.0), (1, 1.5)]
+    weighted = select(
+        QUERY, sentences, TEXTS, passage_scores, replace(RULES, fact_passage_weight=2.0, fact_min_score=-2.0)
+    )
+    assert [(s.passage, s.score) for s in weighted.facts] == [(0, 3.0), (0, -1.5), (1, 2.0), (1, 1.5)]
 
 
 def test_the_gate_refuses_weak_evidence_even_when_the_words_match() -> None:
