@@ -183,21 +183,17 @@ class Stack:
         env.update(comp.env)
         env["PYTHONUNBUFFERED"] = "1"
         identity = IDENTITY_OF_KIND.get(comp.kind)
-        if identity is None and self.secrets is not None:
-            self.secrets.apply_server_env(env, comp.kind)
-        else:
+        if identity is not None:
             self._apply_identity(env, identity)
+        elif self.secrets is not None:
+            self.secrets.apply_server_env(env, comp.kind)
         return env
 
     # ------------------------------------------------------------------ secure mode
 
-    def _apply_identity(self, env: dict[str, str], identity: str | None) -> None:
-        """In a secure stack, make ``env`` that of ``identity`` (certificate, keys, credentials);
-        without one, no credentials at all."""
+    def _apply_identity(self, env: dict[str, str], identity: str) -> None:
+        """In a secure stack, make ``env`` that of ``identity`` (certificate, keys, credentials)."""
         if self.secrets is None:
-            return
-        if identity is None:
-            self.secrets.strip_env(env)
             return
         nats = self.address(NATS) if NATS in self.components else None
         self.secrets.apply_env(env, identity, nats)
