@@ -1,5 +1,8 @@
 """Compare the exact leg's two modes on SciFact (5,183 abstracts, one chunk each): latency and
-whether they return the same top 10.
+whether they return the same top 10. Then phrase mode on the hard keywords the deterministic
+planner finds in the SciFact test claims, side by side with its tiebreak bounded
+(``sparse_exact_tiebreak_chunks``, the default) and not: latency, and whether the first ``pool``
+hits (as many as the gateway asks for) are the same (last line, JSON).
 
     .venv/bin/python -m bench.exact_bench [--corpus PATH] [--queries N]
 """
@@ -18,6 +21,10 @@ import time
 from pathlib import Path
 
 from meshkit.ids import chunk_id_for
+from meshkit.settings import PlannerSettings, SparseSettings
+from ragmesh_cli.datasets import load_dataset
+from services.planner.plan import PlanInput
+from services.planner.servicer import deterministic_planner
 from services.sparse.collection import Collection
 from services.sparse.exact import Keyword, find_ripgrep, normalise_keywords, rank, ripgrep_counts
 from services.sparse.records import ChunkRecord, DocumentUpdate
@@ -67,6 +74,52 @@ def ms(samples: list[float]) -> str:
     return f"median {1000 * statistics.median(ordered):.1f} ms, p95 {1000 * p95:.1f} ms"
 
 
+def planned_keywords(claims: list[str]) -> list[tuple[list[Keyword], int]]:
+    """The hard keywords and pool size the gateway's deterministic plan gives each claim that has any."""
+    planner = deterministic_planner(PlannerSettings())
+    planned = []
+    for claim in claims:
+        plan = planner.plan_sync(PlanInput(claim, None, 1, None))
+        keywords = normalise_keywords(plan.hard_keywords)
+        if keywords:
+            planned.append((keywords, plan.pool_size))
+    return planned
+
+
+def tiebreak_rows(collection: Collection, planned: list[tuple[list[Keyword], int]]) -> dict[str, object]:
+    """Phrase mode with the tiebreak bounded (the default) and unbounded, alternating per claim."""
+    bounded = SparseSettings().sparse_exact_tiebreak_chunks
+    times: dict[str, list[float]] = {"bounded": [], "unbounded": []}
+    same = 0
+    for keywords, pool in planned:
+        found = {}
+        for name, max_tied in (("bounded", bounded), ("unbounded", None)):
+            started = time.perf_counter()
+            hits = exact_phrase(collection, keywords, pool, [], max_tied=max_tied)
+            found[name] = [h.chunk_id for h in hits]
+            times[name].append(time.perf_counter() - started)
+        same += found["bounded"] == found["unbounded"]
+    for name, samples in times.items():
+        print(f"tiebreak {name:9} n={len(samples)}  {ms(samples)}, max {1000 * max(samples):.1f} ms")
+    return {
+        "bench": "exact_tiebreak",
+        "claims": len(planned),
+        "tiebreak_chunks": bounded,
+        **{f"{name}_ms": summary_ms(samples) for name, samples in times.items()},
+        "identical_pool": same,
+    }
+
+
+def summary_ms(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "p50": round(1000 * statistics.median(ordered), 2),
+        "p90": round(1000 * ordered[int(0.9 * (len(ordered) - 1))], 2),
+        "max": round(1000 * ordered[-1], 2),
+        "mean": round(1000 * statistics.mean(ordered), 2),
+    }
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
@@ -98,6 +151,8 @@ async def main() -> None:
                 f"{kind:10} n={len(sets):3}  ripgrep {ms(rg_times)} | phrase {ms(phrase_times)} | "
                 f"identical top-{TOP_K} {same}/{len(sets)}, mean Jaccard {statistics.mean(jaccard):.2f}"
             )
+        claims = list(load_dataset(args.corpus.parent, "test").queries.values())
+        print(json.dumps(tiebreak_rows(collection, planned_keywords(claims))))
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def main() -> None:
         "bench": "process_cpu",
         "concurrency": args.concurrency,
         "searches_per_s": report["throughput_rps"],
-        "p50_ms": report["latency_ms"]["p50"],
+        **{f"{q}_ms": report["latency_ms"][q] for q in ("p50", "p95", "p99")},
         "cpu_ms_per_search": cpu,
     }
     print(json.dumps(summary))

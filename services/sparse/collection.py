@@ -317,6 +317,7 @@ class Collection:
         doc_ids: Sequence[str],
         *,
         max_candidates: int,
+        max_tied: int | None = None,
         deadline: float | None = None,
     ) -> list[ChunkRecord]:
         """Chunks that may rank in the top ``top_k`` for the exact phrase leg, at most
@@ -327,7 +328,8 @@ class Collection:
         tantivy's collector keeps the best-scored ones, so the bound never drops a chunk with
         more distinct keywords than one it keeps: past it (a stopword matching everything), the
         occurrence tiebreak among the chunks tied at the cut covers the first ones in index
-        order only.
+        order only. ``max_tied`` bounds those further: every chunk above the cut is read, and of
+        the ones tied at it, as many as fill ``top_k`` or ``max_tied``, whichever is more.
         """
         clauses: list[tuple[Occur, Query]] = []
         for keyword in keywords:
@@ -349,7 +351,11 @@ class Collection:
         hits.sort(key=lambda h: -h[0])
         if len(hits) > top_k:
             threshold = hits[top_k - 1][0]
-            hits = [h for h in hits if h[0] >= threshold]
+            above = [h for h in hits if h[0] > threshold]
+            tied = [h for h in hits if h[0] == threshold]
+            if max_tied is not None:
+                tied = tied[: max(top_k - len(above), max_tied)]
+            hits = above + tied
         records = []
         for _score, address in hits:
             check_deadline(deadline)

@@ -38,6 +38,7 @@ MAX_KEYWORD_CHARS = 200
 # Unknown query words reported per search: enough to name what a question is about.
 MAX_UNKNOWN_TERMS = 16
 DEFAULT_EXACT_MAX_CANDIDATES = SparseSettings.model_fields["sparse_exact_max_candidates"].default
+DEFAULT_EXACT_TIEBREAK_CHUNKS = SparseSettings.model_fields["sparse_exact_tiebreak_chunks"].default
 
 
 class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
@@ -137,6 +138,7 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
                     top_k,
                     doc_ids,
                     max_candidates=self.settings.sparse_exact_max_candidates,
+                    max_tied=self.settings.sparse_exact_tiebreak_chunks,
                     deadline=deadline,
                 )
             except DeadlinePassed as exc:
@@ -319,12 +321,19 @@ def exact_phrase(
     doc_ids: Iterable[str],
     *,
     max_candidates: int = DEFAULT_EXACT_MAX_CANDIDATES,
+    max_tied: int | None = DEFAULT_EXACT_TIEBREAK_CHUNKS,
     deadline: float | None = None,
 ) -> list[Hit]:
-    """The phrase-mode exact leg: at most ``max(top_k, max_candidates)`` chunks read and counted;
-    DeadlinePassed once ``deadline`` (time.monotonic) has passed."""
+    """The phrase-mode exact leg: at most ``max(top_k, max_candidates)`` chunks read and counted,
+    of those tied at the cut at most ``max_tied`` (or as many as fill ``top_k``; None: no
+    bound but ``max_candidates``); DeadlinePassed once ``deadline`` (time.monotonic) has passed."""
     candidates = collection.phrase_candidates(
-        [k.needle for k in keywords], top_k, list(doc_ids), max_candidates=max_candidates, deadline=deadline
+        [k.needle for k in keywords],
+        top_k,
+        list(doc_ids),
+        max_candidates=max_candidates,
+        max_tied=max_tied,
+        deadline=deadline,
     )
     counts = phrase_counts(candidates, keywords, deadline)
     return rank(counts, {r.chunk_id: r.doc_id for r in candidates}, keywords, top_k)

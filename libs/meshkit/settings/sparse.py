@@ -38,6 +38,14 @@ class SparseSettings(StoreSettings):
         "mode) or the whole ranking (ripgrep mode, which stops after this many files in path order) covers "
         "the chunks read only.",
     )
+    sparse_exact_tiebreak_chunks: int = Field(
+        100,
+        ge=1,
+        description="Phrase mode: most chunks tied with the top_k-th on distinct keywords whose occurrences "
+        "are counted to order them (the first in index order; at least enough to fill top_k). A common "
+        "keyword ('dna') ties hundreds of chunks, and reading and counting each is the leg's whole cost; "
+        "on SciFact 100 ranks as well as 2000 (docs/BENCHMARKS.md).",
+    )
     sparse_max_batch_chunks: int = Field(10_000, description="Most chunks or ids in one write or fetch.")
     sparse_max_chunk_chars: int = Field(1_000_000, description="Longest chunk title + text accepted.")
     sparse_max_doc_filter: int = Field(10_000, description="Most doc_ids in one search filter.")

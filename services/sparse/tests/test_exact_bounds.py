@@ -116,6 +116,25 @@ async def test_a_stopword_reads_a_bounded_number_of_chunks(
     assert all(h.matched_keywords == ["the"] for h in reply.hits[RARE:])
 
 
+async def test_only_a_bounded_number_of_chunks_tied_at_the_cut_are_counted(
+    seeded_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default candidate bound reads them all; the tiebreak bound counts the few chunks with
+    # both keywords and then only TIED of the thousands holding the stopword alone.
+    tied = 20
+    loaded = counting(monkeypatch, collection_module, "to_record")
+    async for stub in serve(seeded_root, "phrase", sparse_exact_tiebreak_chunks=tied):
+        reply = await stub.SearchExact(search(["the", "zyxwvut"]), timeout=30)
+        assert len(loaded) == RARE + tied
+        loaded.clear()
+        wide = await stub.SearchExact(search(["the"], top_k=50), timeout=30)
+    # Never fewer than fill the page.
+    assert len(loaded) == 50 and len(wide.hits) == 50
+    rare = {chunk_id_for(COLLECTION, f"doc-{i}", body(i)) for i in range(CHUNKS - RARE, CHUNKS)}
+    assert {h.chunk_id for h in reply.hits[:RARE]} == rare
+    assert len(reply.hits) == 10
+
+
 async def test_ripgrep_mode_reads_a_bounded_number_of_chunks_and_cuts_the_same_way(
     seeded_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
