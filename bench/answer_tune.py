@@ -119,6 +119,7 @@ async def _search(address: str, collection: str, questions: list[dict[str, Any]]
                 for r in reply.results
             ]
             item["unknown"] = list(reply.unknown_terms)
+            item["novel"] = list(reply.novel_terms)
             # The gate's topicality input, as near as a reply shows it: the best dense cosine
             # among the results (the gateway reads it over the dense leg's whole list).
             dense = [
@@ -245,6 +246,7 @@ def replay(
         rules,
         item.get("unknown", []),
         item.get("similarity"),
+        item.get("novel", []),
     )
 
 
@@ -305,12 +307,15 @@ def tune(args: argparse.Namespace) -> None:
         args.weight,
         args.unknown,
         args.similarity,
+        args.novel,
     )
-    for gate, cov, margin, max_cited, per_passage, sentence_margin, weight, unknown, similarity in grid:
+    for point in grid:
+        gate, cov, margin, max_cited, per_passage, sentence_margin, weight, unknown, similarity, novel = point
         rules = SelectionRules(
             gate_min_score=gate,
             gate_coverage_weight=cov,
             gate_unknown_weight=unknown,
+            gate_novel_weight=novel,
             gate_min_similarity=similarity,
             fact_min_score=args.fact_min,
             max_facts=args.max_facts,
@@ -333,7 +338,8 @@ def tune(args: argparse.Namespace) -> None:
             for name, m in _per_set(args.unanswerable, unanswerable, rules, args)
         ]
         print(
-            f"gate {gate:5.1f} cov {cov:.2f} unk {unknown:.1f} sim {similarity:.2f} w {weight:.1f} "
+            f"gate {gate:5.1f} cov {cov:.2f} unk {unknown:.1f} novel {novel:.1f} sim {similarity:.2f} "
+            f"w {weight:.1f} "
             f"margin {margin:.1f} "
             f"cited<={max_cited} per {per_passage} "
             f"sm {sentence_margin:.1f} | answered {a['answered']:.3f} gold {a['gold_cited']:.3f} "
@@ -472,6 +478,7 @@ def main() -> None:
         t.add_argument(
             "--similarity", nargs="+", type=float, default=[-1.0], help="gate_min_similarity values (-1: off)"
         )
+        t.add_argument("--novel", nargs="+", type=float, default=[0.0], help="gate_novel_weight values")
         t.add_argument("--margin", nargs="+", type=float, default=[1.0])
         t.add_argument("--max-cited", nargs="+", type=int, default=[2])
         t.add_argument("--per-passage", nargs="+", type=int, default=[2])

@@ -278,6 +278,7 @@ class Asker:
             gate_min_score=s.gateway_ask_gate_min_score,
             gate_coverage_weight=s.gateway_ask_gate_coverage_weight,
             gate_unknown_weight=s.gateway_ask_gate_unknown_weight,
+            gate_novel_weight=s.gateway_ask_gate_novel_weight,
             fact_min_score=s.gateway_ask_fact_min_score,
             max_facts=s.gateway_ask_max_facts,
             sentence_weight=s.gateway_ask_sentence_weight,
@@ -324,6 +325,7 @@ class Asker:
                 max_pairs=self.settings.gateway_ask_sentence_pairs,
                 unknown_terms=searched.unknown_terms,
                 similarity=self._calibrated_similarity(searched),
+                novel_terms=searched.novel_terms,
             )
         except DownstreamError as exc:
             degradations.append(unchecked(exc))

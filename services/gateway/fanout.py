@@ -95,6 +95,7 @@ class Fanout:
         self.answered = 0
         self.missing = 0
         self.unknown_terms: list[str] = []
+        self.novel_terms: list[str] = []
         # The legs' first hits come with their text: hydration then only asks for the rest.
         self.texts_wanted = texts_wanted
         self.texts: dict[str, sparse_pb2.ChunkText] = {}
@@ -171,6 +172,7 @@ class Fanout:
         self.attempted.clear()
         self.texts.clear()
         self.unknown_terms = []
+        self.novel_terms = []
         self.answered = self.missing = 0
 
     async def run_until(self, other: asyncio.Task[Any]) -> None:
@@ -313,6 +315,7 @@ class Fanout:
         )
         reply = await sparse.call(sparse.stub.SearchBm25, request, timeout=self._left(), idempotent=True)
         self.unknown_terms = list(reply.unknown_terms)
+        self.novel_terms = list(reply.novel_terms)
         self.texts.update((chunk.chunk_id, chunk) for chunk in reply.chunks)
         return hits_of(reply.hits)
 

@@ -74,10 +74,11 @@ class SentenceJudge:
         max_pairs: int,
         unknown_terms: Sequence[str] = (),
         similarity: float | None = None,
+        novel_terms: Sequence[str] = (),
     ) -> Selection:
         """Score the passages' (title, text) candidate sentences against the question; select()
-        with the passages' own (reranker) scores, the question's words the collection lacks and
-        its best dense cosine."""
+        with the passages' own (reranker) scores, the question's words the collection lacks (and
+        of those, the ones that are no misspelling) and its best dense cosine."""
         found = candidates(
             query, passages, max_passages=max_passages, max_sentences=max_pairs, max_pairs=max_pairs
         )
@@ -87,7 +88,9 @@ class SentenceJudge:
         scores = await self.score(query, [c.text for c in found])
         texts = [text for _, text in passages[:max_passages]]
         judged = [Scored(c, s) for c, s in zip(found, scores, strict=True)]
-        return select(query, judged, texts, passage_scores[:max_passages], rules, unknown_terms, similarity)
+        return select(
+            query, judged, texts, passage_scores[:max_passages], rules, unknown_terms, similarity, novel_terms
+        )
 
     async def support(
         self,

@@ -73,6 +73,9 @@ class SearchOutcome:
     # did not answer), and the model that embedded it: the evidence gate's topicality input.
     similarity: float | None = None
     embedder_model: str = ""
+    # The unknown_terms no indexed word is one edit from: not misspellings (see sparse's
+    # SearchBm25Response.novel_terms).
+    novel_terms: list[str] = field(default_factory=list)
 
 
 class Searcher:
@@ -216,6 +219,7 @@ class Searcher:
             fanout.unknown_terms,
             fanout.best_dense_score(),
             fanout.embedder_model,
+            fanout.novel_terms,
         )
 
     @staticmethod

@@ -90,6 +90,12 @@ class SelectionRules:
     # embedding space is not about these documents, whatever a sentence shares with it.
     gate_min_similarity: float = -1.0
     fact_passage_weight: float = 0.0
+    # The gate subtracts gate_novel_weight times the share of the question's content words that
+    # no document holds nor anything one edit from them, on top of gate_unknown_weight: a
+    # misspelling ("reatment") of what the documents say is still answerable; a subject they
+    # never mention ("Elixir" asked of gRPC's docs) is not, however sure the cross-encoder is
+    # of a passage about gRPC servers.
+    gate_novel_weight: float = 0.0
 
 
 @dataclass
@@ -109,6 +115,9 @@ class Selection:
     # whether the gate refused for being under the topicality floor.
     similarity: float | None = None
     off_topic: bool = False
+    # Share of the question's content words that are no misspelling of an indexed word either
+    # (see SelectionRules.gate_novel_weight).
+    novel_share: float = 0.0
 
 
 def candidates(
@@ -154,11 +163,11 @@ def question_coverage(query: str, texts: Sequence[str]) -> float:
     return len(words & seen) / len(words)
 
 
-def unknown_share(query: str, unknown_terms: Sequence[str]) -> float:
-    """Share of the question's content words among ``unknown_terms`` (the words no document of
-    the collection holds, as the BM25 leg found them)."""
+def unknown_share(query: str, terms: Sequence[str]) -> float:
+    """Share of the question's content words among ``terms`` (words the BM25 leg found no
+    document of the collection holds: its unknown_terms, or their novel_terms)."""
     words = content_words(query)
-    return len(words & {t.lower() for t in unknown_terms}) / len(words) if words else 0.0
+    return len(words & {t.lower() for t in terms}) / len(words) if words else 0.0
 
 
 @dataclass(frozen=True)
@@ -197,26 +206,34 @@ def select(
     rules: SelectionRules,
     unknown_terms: Sequence[str] = (),
     similarity: float | None = None,
+    novel_terms: Sequence[str] = (),
 ) -> Selection:
     """The gate's verdict, the facts and the answer's sentences from the scored candidates of
     passages whose texts are ``texts`` and whose own scores are ``passage_scores`` (by passage
     index); ``unknown_terms``: the question's words no document of the collection holds;
-    ``similarity``: the dense leg's best cosine for the question (None: not known, no floor)."""
+    ``similarity``: the dense leg's best cosine for the question (None: not known, no floor);
+    ``novel_terms``: those of ``unknown_terms`` no indexed word is one edit from."""
     ranked = sorted(scored, key=lambda s: (-s.score, s.passage, s.candidate.position))
     share = question_coverage(query, texts)
     unknown = unknown_share(query, unknown_terms)
+    novel = unknown_share(query, novel_terms)
     if is_off_topic(similarity, rules):
-        return Selection(False, [], [], None, share, unknown, similarity, off_topic=True)
+        return Selection(False, [], [], None, share, unknown, similarity, off_topic=True, novel_share=novel)
     if not ranked:
-        return Selection(False, [], [], None, share, unknown, similarity)
+        return Selection(False, [], [], None, share, unknown, similarity, novel_share=novel)
     best_sentence: dict[int, float] = {}
     for item in ranked:
         best_sentence.setdefault(item.passage, item.score)
     strength = {p: passage_scores[p] + rules.sentence_weight * top for p, top in best_sentence.items()}
     strongest = max(strength.values())
-    evidence = strongest + rules.gate_coverage_weight * share - rules.gate_unknown_weight * unknown
+    evidence = (
+        strongest
+        + rules.gate_coverage_weight * share
+        - rules.gate_unknown_weight * unknown
+        - rules.gate_novel_weight * novel
+    )
     if evidence < rules.gate_min_score:
-        return Selection(False, [], [], evidence, share, unknown, similarity)
+        return Selection(False, [], [], evidence, share, unknown, similarity, novel_share=novel)
     facts = _facts(ranked, passage_scores, rules) or ranked[:1]
     cited = sorted(
         (p for p in strength if strength[p] >= strongest - rules.cite_margin),
@@ -228,7 +245,7 @@ def select(
         top = own[0].score
         chosen = [s for s in own if s.score >= top - rules.sentence_margin][: rules.sentences_per_passage]
         answer.extend(sorted(chosen, key=lambda s: s.candidate.position))
-    return Selection(True, facts, answer, evidence, share, unknown, similarity)
+    return Selection(True, facts, answer, evidence, share, unknown, similarity, novel_share=novel)
 
 
 def _facts(ranked: list[Scored], passage_scores: Sequence[float], rules: SelectionRules) -> list[Scored]:

@@ -171,6 +171,7 @@ def to_ask_response(outcome: AskOutcome, params: AskParams) -> gateway_pb2.AskRe
         else gateway_pb2.ANSWER_MODE_EXTRACTIVE,
         searched_query=outcome.search.plan.searched_query,
         unknown_terms=outcome.search.unknown_terms,
+        novel_terms=outcome.search.novel_terms,
     )
     for citation in answer.citations:
         chunk = evidence[citation.number - 1].chunk
@@ -248,6 +249,7 @@ def to_response(outcome: SearchOutcome, params: SearchParams) -> gateway_pb2.Sea
         reranked=outcome.reranked,
         searched_query=outcome.plan.searched_query,
         unknown_terms=outcome.unknown_terms,
+        novel_terms=outcome.novel_terms,
     )
     if params.include_leg_results:
         response.leg_results.extend(

@@ -63,6 +63,11 @@ def _doc_freq(searcher: tantivy.Searcher, term: str) -> int:
     return int(searcher.doc_freq("body", term)) + int(searcher.doc_freq("title", term))
 
 
+def _stems(word: str) -> list[str]:
+    """A query word's analysed terms, numbers aside ("x-ray": "x", "ray")."""
+    return [t for t in query_terms(word) if not t.isdigit()]
+
+
 def _all_matching(searcher: tantivy.Searcher, query: Query) -> list[tuple[float, tantivy.DocAddress]]:
     # Count first: a top-k collector sized to the whole index would allocate for every doc.
     # The stubs of tantivy 0.27 omit SearchResult.count, which the runtime has.
@@ -305,10 +310,29 @@ class Collection:
                 break
             if word.isdigit():
                 continue
-            stems = [t for t in query_terms(word) if not t.isdigit()]
-            if any(_doc_freq(searcher, stem) == 0 for stem in stems):
+            if any(_doc_freq(searcher, stem) == 0 for stem in _stems(word)):
                 unknown.append(word)
         return unknown
+
+    def novel_words(self, words: Sequence[str]) -> list[str]:
+        """Those of ``words`` (unknown words, see unknown_words) that no indexed term is within
+        one edit of: one of their stems has no neighbour in any chunk's body or title. A
+        misspelling of a word the collection holds has one; a subject it never mentions has
+        none. tantivy walks its term dictionary with a Levenshtein automaton: no scan."""
+        searcher = self._index.searcher()
+        return [word for word in words if any(self._no_neighbour(searcher, stem) for stem in _stems(word))]
+
+    @staticmethod
+    def _no_neighbour(searcher: tantivy.Searcher, stem: str) -> bool:
+        # A stem of one or two letters is one edit from dozens of terms (and its automaton
+        # would walk all their postings): counted as having a neighbour, never looked up.
+        if len(stem) <= 2 or _doc_freq(searcher, stem):
+            return False
+        for field in ("body", "title"):
+            near = Query.fuzzy_term_query(SCHEMA, field, stem, distance=1, transposition_cost_one=True)
+            if searcher.search(near, limit=1, count=False).hits:
+                return False
+        return True
 
     def phrase_candidates(
         self,

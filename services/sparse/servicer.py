@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from grpc import aio
 
@@ -100,14 +101,13 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         allowed = await self._filtered(collection, request.filter, doc_ids)
         if allowed is None:
             return sparse_pb2.SearchBm25Response()
-        hits, unknown, records = await asyncio.to_thread(
-            _bm25_and_unknown_words, collection, query, top_k, allowed, request.with_text
-        )
-        self._observe("bm25", started, hits)
+        leg = await asyncio.to_thread(_bm25_leg, collection, query, top_k, allowed, request.with_text)
+        self._observe("bm25", started, leg.hits)
         return sparse_pb2.SearchBm25Response(
-            hits=[_hit_pb(h) for h in hits],
-            unknown_terms=unknown,
-            chunks=[_chunk_pb(r, collection.state.source(r.doc_id)) for r in records],
+            hits=[_hit_pb(h) for h in leg.hits],
+            unknown_terms=leg.unknown,
+            novel_terms=leg.novel,
+            chunks=[_chunk_pb(r, collection.state.source(r.doc_id)) for r in leg.records],
         )
 
     async def SearchExact(
@@ -339,14 +339,24 @@ def exact_phrase(
     return rank(counts, {r.chunk_id: r.doc_id for r in candidates}, keywords, top_k)
 
 
-def _bm25_and_unknown_words(
+@dataclass(frozen=True)
+class Bm25Leg:
+    hits: list[Hit]
+    # The query's words the collection lacks, and those of them no indexed word is one edit from.
+    unknown: list[str]
+    novel: list[str]
+    # The text of the first with_text hits.
+    records: list[ChunkRecord]
+
+
+def _bm25_leg(
     collection: Collection, query: str, top_k: int, allowed: Sequence[str], with_text: int
-) -> tuple[list[Hit], list[str], list[ChunkRecord]]:
-    """One thread hop for the whole leg: hits, the words the collection lacks, and the text of
-    the first ``with_text`` hits."""
+) -> Bm25Leg:
+    """One thread hop for the whole leg."""
     hits = collection.search_bm25(query, top_k, allowed)
     records = collection.get_chunks([h.chunk_id for h in hits[:with_text]]) if with_text else []
-    return hits, collection.unknown_words(query, MAX_UNKNOWN_TERMS), records
+    unknown = collection.unknown_words(query, MAX_UNKNOWN_TERMS)
+    return Bm25Leg(hits, unknown, collection.novel_words(unknown), records)
 
 
 def _hit_pb(hit: Hit) -> sparse_pb2.SearchHit:

@@ -137,6 +137,14 @@ class GatewaySettings(MeshSettings):
         "of the collection holds (the BM25 leg reports them): a near miss asks about something the "
         "collection never mentions.",
     )
+    gateway_ask_gate_novel_weight: float = Field(
+        10.0,
+        ge=0,
+        description="Evidence gate: subtracted as well x the share of the question's content words that no "
+        "document holds nor any word one edit from them (sparse's novel_terms): not a misspelling but a "
+        "subject the collection never mentions. Tuned on SciFact's held-out and train claims and the "
+        "tune questions (docs/BENCHMARKS.md).",
+    )
     gateway_ask_gate_min_similarity: float = Field(
         0.40,
         ge=-1.0,

@@ -78,6 +78,7 @@ class Fakes:
     default_sentence_score: float = 2.0
     # The fake BM25 leg's words of the query that no chunk holds.
     unknown_terms: list[str] = field(default_factory=list)
+    novel_terms: list[str] = field(default_factory=list)
     # On: the fake legs honour with_text / with_payloads as the real ones do. Off (most tests,
     # which exercise hydration): they send no text, as an older sparse or index would.
     leg_texts: bool = False
@@ -194,6 +195,7 @@ class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
         return sparse_pb2.SearchBm25Response(
             hits=hits,
             unknown_terms=self.fakes.unknown_terms,
+            novel_terms=self.fakes.novel_terms,
             chunks=[self._text(h.chunk_id) for h in hits[:with_text]],
         )
 

@@ -97,6 +97,27 @@ async def test_words_no_document_holds_count_against_answering_and_are_named() -
     assert list(searched.unknown_terms) == ["zx-81"]
 
 
+async def test_a_word_that_is_no_misspelling_of_any_indexed_word_counts_once_more() -> None:
+    # Strong evidence (3.0 + 0.5 x 3.0 = 4.5) minus 2 for the unknown word still passes a gate
+    # at 2; sparse finding no indexed word one edit from it takes 3 more.
+    async with judged(
+        GOOD_EVIDENCE,
+        gateway_ask_gate_min_score=2.0,
+        gateway_ask_gate_unknown_weight=2.0,
+        gateway_ask_gate_novel_weight=3.0,
+    ) as gateway:
+        gateway.fakes.unknown_terms = ["zx-81"]
+        misspelt = await gateway.stub.Ask(ask(), timeout=10)
+        gateway.fakes.novel_terms = ["zx-81"]
+        novel = await gateway.stub.Ask(ask(), timeout=10)
+        searched = await gateway.stub.Search(
+            gateway_pb2.SearchRequest(collection=COLLECTION, query=QUERY), timeout=10
+        )
+    assert misspelt.answered and list(misspelt.novel_terms) == []
+    assert not novel.answered and list(novel.novel_terms) == ["zx-81"]
+    assert list(searched.novel_terms) == ["zx-81"]
+
+
 async def test_a_question_no_passage_is_near_is_refused_as_off_topic_before_any_sentence_is_judged() -> None:
     # The fake dense leg's best cosine is 0.9 (c0): under a 0.95 floor, over a 0.85 one. The
     # floor holds for the models it was calibrated for: the fake embedder's is "fake".

@@ -124,6 +124,27 @@ def test_the_gate_counts_words_the_collection_lacks_against_answering() -> None:
     assert select(near, evidence, TEXTS, passages, strict, ["kafka", "the"]).unknown_share == 0.0
 
 
+def test_the_gate_counts_a_word_that_is_no_misspelling_twice() -> None:
+    # "quic" is unknown (8 x 0.2 off: 5.1 - 1.6 = 3.5 passes a gate at 3); unless no indexed
+    # word is one edit from it either, which takes 10 x 0.2 more: 1.5 fails.
+    near = "Does vitamin D supplementation reduce QUIC fractures?"
+    evidence, passages = [scored(0, 0, 1.5)], [0.0, 0.0, 0.0]
+    rules = dataclasses.replace(RULES, gate_min_score=3.0, gate_novel_weight=10.0)
+    typo = select(near, evidence, TEXTS, passages, rules, ["quic"])
+    assert typo.answered and typo.novel_share == 0.0
+    novel = select(near, evidence, TEXTS, passages, rules, ["quic"], novel_terms=["quic"])
+    assert not novel.answered and novel.novel_share == 0.2 and round(novel.evidence_score or 0, 3) == 1.5
+    assert select(
+        near,
+        evidence,
+        TEXTS,
+        passages,
+        dataclasses.replace(rules, gate_novel_weight=0),
+        ["quic"],
+        novel_terms=["quic"],
+    ).answered
+
+
 def test_the_gate_refuses_a_question_no_passage_is_near_however_well_a_sentence_scores() -> None:
     # The cross-encoder is confident (strength 3 + 6 x 0.8 words) but the collection's nearest
     # passage is at cosine 0.25: the question is not about these documents.

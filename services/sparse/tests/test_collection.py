@@ -73,6 +73,20 @@ def test_unknown_words_are_the_query_words_no_chunk_holds(collection: Collection
     assert collection.unknown_words("???", 10) == []
 
 
+def test_novel_words_are_the_unknown_words_no_indexed_word_is_one_edit_from(collection: Collection) -> None:
+    seeded(collection)
+    # "strnagers" (a transposition), "barkz" (a substitution) and "companons" (a deletion)
+    # misspell words the chunks hold; "zebras" and "kafka" are nothing like any of them.
+    query = "Do zebras bark at strnagers, barkz, companons or kafka?"
+    unknown = collection.unknown_words(query, 10)
+    assert unknown == ["zebras", "strnagers", "barkz", "companons", "kafka"]
+    assert collection.novel_words(unknown) == ["zebras", "kafka"]
+    # Known words are never novel, and a word is novel when any of its stems is.
+    assert collection.novel_words(["dogs", "zebra-dog", "dog-kafka"]) == ["zebra-dog", "dog-kafka"]
+    # Two letters are one edit from too much to say: never novel.
+    assert collection.novel_words(["qx", "zebra"]) == ["zebra"]
+
+
 def test_replace_keeps_removes_and_reports_missing(tmp_path: Path, collection: Collection) -> None:
     first = chunk("guide", "Install the package with pip.", "Guide")
     second = chunk("guide", "Configure the port in settings.", "Guide")

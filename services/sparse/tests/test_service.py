@@ -109,6 +109,9 @@ async def test_end_to_end(tmp_path: Path, mode: str) -> None:
             pb.SearchBm25Request(collection="docs", query="rotating kafka logs on kubernetes", top_k=5)
         )
         assert list(unknown.unknown_terms) == ["kafka", "kubernetes"] and len(unknown.hits) == 2
+        assert list(unknown.novel_terms) == ["kafka", "kubernetes"]
+        typo = await stub.SearchBm25(pb.SearchBm25Request(collection="docs", query="rotating logz", top_k=5))
+        assert list(typo.unknown_terms) == ["logz"] and list(typo.novel_terms) == []
         filtered = await stub.SearchBm25(
             pb.SearchBm25Request(collection="docs", query="rotating logs", top_k=5, doc_ids=["faq"])
         )

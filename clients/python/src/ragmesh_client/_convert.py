@@ -262,6 +262,7 @@ def search_response(response: gateway_pb2.SearchResponse, request_id: str) -> Se
         reranked=response.reranked,
         searched_query=response.searched_query,
         unknown_terms=tuple(response.unknown_terms),
+        novel_terms=tuple(response.novel_terms),
         timings=_timings(response.timings),
         request_id=request_id,
         raw=response,

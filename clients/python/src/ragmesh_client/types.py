@@ -82,6 +82,9 @@ class SearchResponse:
     timings: dict[str, float]
     request_id: str = ""
     raw: Any = field(default=None, repr=False, compare=False)
+    # The unknown_terms no indexed word is one edit from: not misspellings but subjects the
+    # collection never mentions.
+    novel_terms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -125,14 +125,16 @@ class SearchHit(_message.Message):
     def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., score: _Optional[float] = ..., matched_keywords: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SearchBm25Response(_message.Message):
-    __slots__ = ("hits", "unknown_terms", "chunks")
+    __slots__ = ("hits", "unknown_terms", "chunks", "novel_terms")
     HITS_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_TERMS_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    NOVEL_TERMS_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
     unknown_terms: _containers.RepeatedScalarFieldContainer[str]
     chunks: _containers.RepeatedCompositeFieldContainer[ChunkText]
-    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., unknown_terms: _Optional[_Iterable[str]] = ..., chunks: _Optional[_Iterable[_Union[ChunkText, _Mapping]]] = ...) -> None: ...
+    novel_terms: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., unknown_terms: _Optional[_Iterable[str]] = ..., chunks: _Optional[_Iterable[_Union[ChunkText, _Mapping]]] = ..., novel_terms: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SearchExactResponse(_message.Message):
     __slots__ = ("hits",)

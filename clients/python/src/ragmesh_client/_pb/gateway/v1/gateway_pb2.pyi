@@ -206,7 +206,7 @@ class LegResult(_message.Message):
     def __init__(self, leg: _Optional[_Union[Leg, str]] = ..., hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("results", "plan", "degradations", "timings", "leg_results", "reranked", "fused_hits", "searched_query", "unknown_terms")
+    __slots__ = ("results", "plan", "degradations", "timings", "leg_results", "reranked", "fused_hits", "searched_query", "unknown_terms", "novel_terms")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     DEGRADATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,7 @@ class SearchResponse(_message.Message):
     FUSED_HITS_FIELD_NUMBER: _ClassVar[int]
     SEARCHED_QUERY_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_TERMS_FIELD_NUMBER: _ClassVar[int]
+    NOVEL_TERMS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[SearchResult]
     plan: _planner_pb2.Plan
     degradations: _containers.RepeatedCompositeFieldContainer[Degradation]
@@ -225,7 +226,8 @@ class SearchResponse(_message.Message):
     fused_hits: _containers.RepeatedCompositeFieldContainer[LegHit]
     searched_query: str
     unknown_terms: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., leg_results: _Optional[_Iterable[_Union[LegResult, _Mapping]]] = ..., reranked: _Optional[bool] = ..., fused_hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ..., searched_query: _Optional[str] = ..., unknown_terms: _Optional[_Iterable[str]] = ...) -> None: ...
+    novel_terms: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, results: _Optional[_Iterable[_Union[SearchResult, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., leg_results: _Optional[_Iterable[_Union[LegResult, _Mapping]]] = ..., reranked: _Optional[bool] = ..., fused_hits: _Optional[_Iterable[_Union[LegHit, _Mapping]]] = ..., searched_query: _Optional[str] = ..., unknown_terms: _Optional[_Iterable[str]] = ..., novel_terms: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AskRequest(_message.Message):
     __slots__ = ("collection", "query", "passages", "doc_ids", "mode", "history", "hyde_mode", "rerank", "strategy", "include_facts", "filter")
@@ -297,7 +299,7 @@ class ExploredSource(_message.Message):
     def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., preview: _Optional[str] = ..., rerank_score: _Optional[float] = ..., cited: _Optional[bool] = ...) -> None: ...
 
 class AskResponse(_message.Message):
-    __slots__ = ("answer", "answered", "citations", "sentences", "contradictions", "sources", "degradations", "timings", "plan", "mode", "facts", "searched_query", "unknown_terms")
+    __slots__ = ("answer", "answered", "citations", "sentences", "contradictions", "sources", "degradations", "timings", "plan", "mode", "facts", "searched_query", "unknown_terms", "novel_terms")
     ANSWER_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_FIELD_NUMBER: _ClassVar[int]
     CITATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -311,6 +313,7 @@ class AskResponse(_message.Message):
     FACTS_FIELD_NUMBER: _ClassVar[int]
     SEARCHED_QUERY_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_TERMS_FIELD_NUMBER: _ClassVar[int]
+    NOVEL_TERMS_FIELD_NUMBER: _ClassVar[int]
     answer: str
     answered: bool
     citations: _containers.RepeatedCompositeFieldContainer[AnswerCitation]
@@ -324,7 +327,8 @@ class AskResponse(_message.Message):
     facts: _containers.RepeatedCompositeFieldContainer[_extractor_pb2.Fact]
     searched_query: str
     unknown_terms: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, answer: _Optional[str] = ..., answered: _Optional[bool] = ..., citations: _Optional[_Iterable[_Union[AnswerCitation, _Mapping]]] = ..., sentences: _Optional[_Iterable[_Union[_narrator_pb2.Sentence, _Mapping]]] = ..., contradictions: _Optional[_Iterable[_Union[_narrator_pb2.Contradiction, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[ExploredSource, _Mapping]]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., mode: _Optional[_Union[AnswerMode, str]] = ..., facts: _Optional[_Iterable[_Union[_extractor_pb2.Fact, _Mapping]]] = ..., searched_query: _Optional[str] = ..., unknown_terms: _Optional[_Iterable[str]] = ...) -> None: ...
+    novel_terms: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, answer: _Optional[str] = ..., answered: _Optional[bool] = ..., citations: _Optional[_Iterable[_Union[AnswerCitation, _Mapping]]] = ..., sentences: _Optional[_Iterable[_Union[_narrator_pb2.Sentence, _Mapping]]] = ..., contradictions: _Optional[_Iterable[_Union[_narrator_pb2.Contradiction, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[ExploredSource, _Mapping]]] = ..., degradations: _Optional[_Iterable[_Union[Degradation, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., plan: _Optional[_Union[_planner_pb2.Plan, _Mapping]] = ..., mode: _Optional[_Union[AnswerMode, str]] = ..., facts: _Optional[_Iterable[_Union[_extractor_pb2.Fact, _Mapping]]] = ..., searched_query: _Optional[str] = ..., unknown_terms: _Optional[_Iterable[str]] = ..., novel_terms: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AskProgress(_message.Message):
     __slots__ = ("stage", "ms", "count")
