@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.process_cpu import process_cpu_s
 from ragmesh_cli.loadtest import TARGETS, DriveOptions, drive
 
 RESULTS = Path("bench/results/loadtest.json")
@@ -45,15 +46,6 @@ def start_noop() -> tuple[subprocess.Popen[str], str]:
         proc.kill()
         raise RuntimeError(f"no-op service did not start (said {line!r})")
     return proc, f"127.0.0.1:{line.split()[1]}"
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """utime + stime of a process from /proc (Linux only)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def one_run(address: str, server_pid: int, opts: DriveOptions) -> dict[str, Any]:

@@ -27,17 +27,20 @@ TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 SKIPPED_KINDS = ("nats", "s3")
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` alone (fields 14 and 15 of /proc/PID/stat; the
+    command name, field 2, may hold spaces, so fields are counted after its ')'); None when it
+    is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of ``pid`` and its live children (fields 14 and 15 of /proc/PID/stat;
-    the command name, field 2, may hold spaces, so fields are counted after its ')')."""
-    total = 0.0
-    for proc in [pid, *_children(pid)]:
-        try:
-            fields = Path(f"/proc/{proc}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        total += (int(fields[11]) + int(fields[12])) / TICKS_PER_S
-    return total
+    """User + system CPU of ``pid`` and its live children."""
+    return sum(cpu or 0.0 for cpu in map(process_cpu_s, [pid, *_children(pid)]))
 
 
 def _children(pid: int) -> list[int]:
