@@ -294,56 +294,52 @@ def _covers(rationale: Sequence[str], fact: tuple[str, str]) -> bool:
     return fact[0] == rationale[0] and coverage(rationale[1], fact[1]) >= RATIONALE_COVERAGE
 
 
+# The replay grid: each option takes several values and names the SelectionRules field it
+# sets ("floor": the passage floor, gateway_ask_min_rerank_score); tune replays every point.
+GRID: tuple[tuple[str, str, type, float], ...] = (
+    ("--gate", "gate_min_score", float, 0.0),
+    ("--coverage", "gate_coverage_weight", float, 0.0),
+    ("--unknown", "gate_unknown_weight", float, 0.0),
+    ("--unknown-penalty", "gate_unknown_penalty", float, 0.0),
+    ("--novel", "gate_novel_weight", float, 0.0),
+    ("--similarity", "gate_min_similarity", float, -1.0),
+    ("--floor", "floor", float, -2.0),
+    ("--weight", "sentence_weight", float, 0.5),
+    ("--margin", "cite_margin", float, 1.0),
+    ("--max-cited", "max_cited_passages", int, 2),
+    ("--per-passage", "sentences_per_passage", int, 2),
+    ("--sentence-margin", "sentence_margin", float, 1.0),
+)
+
+
 def tune(args: argparse.Namespace) -> None:
     answerable = [_load(n) for n in args.answerable]
     unanswerable = [_load(n) for n in args.unanswerable]
-    grid = itertools.product(
-        args.gate,
-        args.coverage,
-        args.margin,
-        args.max_cited,
-        args.per_passage,
-        args.sentence_margin,
-        args.weight,
-        args.unknown,
-        args.similarity,
-        args.novel,
-    )
-    for point in grid:
-        gate, cov, margin, max_cited, per_passage, sentence_margin, weight, unknown, similarity, novel = point
+    axes = [getattr(args, option[2:].replace("-", "_")) for option, *_ in GRID]
+    for point in itertools.product(*axes):
+        values = {field: value for (_option, field, *_), value in zip(GRID, point, strict=True)}
+        floor = values.pop("floor")
         rules = SelectionRules(
-            gate_min_score=gate,
-            gate_coverage_weight=cov,
-            gate_unknown_weight=unknown,
-            gate_novel_weight=novel,
-            gate_min_similarity=similarity,
+            **values,
             fact_min_score=args.fact_min,
             max_facts=args.max_facts,
             fact_passage_weight=args.fact_passage_weight,
-            sentence_weight=weight,
-            cite_margin=margin,
-            max_cited_passages=max_cited,
-            sentences_per_passage=per_passage,
-            sentence_margin=sentence_margin,
         )
-        a = evaluate(answerable, rules, args.floor, args.passages, args.max_pairs)
-        u = evaluate(unanswerable, rules, args.floor, args.passages, args.max_pairs)
+        a = evaluate(answerable, rules, floor, args.passages, args.max_pairs)
+        u = evaluate(unanswerable, rules, floor, args.passages, args.max_pairs)
         # Each set on its own too: a small set's refusals are lost in a pooled share.
         each = [
             f"{name}: answered {m['answered']:.3f} gold {m['gold_cited']:.3f} prec {m['precision']:.3f}"
             + _fact_figures(m)
-            for name, m in _per_set(args.answerable, answerable, rules, args)
+            for name, m in _per_set(args.answerable, answerable, rules, floor, args)
         ] + [
             f"{name}: refused {m['refused']:.3f}"
-            for name, m in _per_set(args.unanswerable, unanswerable, rules, args)
+            for name, m in _per_set(args.unanswerable, unanswerable, rules, floor, args)
         ]
         print(
-            f"gate {gate:5.1f} cov {cov:.2f} unk {unknown:.1f} novel {novel:.1f} sim {similarity:.2f} "
-            f"w {weight:.1f} "
-            f"margin {margin:.1f} "
-            f"cited<={max_cited} per {per_passage} "
-            f"sm {sentence_margin:.1f} | answered {a['answered']:.3f} gold {a['gold_cited']:.3f} "
-            f"prec {a['precision']:.3f} rat {a['rationale_recall']:.3f} | refused {u['refused']:.3f}"
+            " ".join(f"{option[2:]} {value:g}" for (option, *_), value in zip(GRID, point, strict=True))
+            + f" | answered {a['answered']:.3f} gold {a['gold_cited']:.3f} prec {a['precision']:.3f}"
+            f" rat {a['rationale_recall']:.3f} | refused {u['refused']:.3f}"
             + "".join(f"\n    {line}" for line in each)
         )
 
@@ -361,13 +357,14 @@ def _per_set(
     names: Sequence[str],
     sets: Sequence[list[dict[str, Any]]],
     rules: SelectionRules,
+    floor: float,
     args: argparse.Namespace,
 ) -> list[tuple[str, dict[str, float]]]:
     """Each named cached set evaluated alone (only when there are several)."""
     if len(sets) < 2:
         return []
     return [
-        (name, evaluate([questions], rules, args.floor, args.passages, args.max_pairs))
+        (name, evaluate([questions], rules, floor, args.passages, args.max_pairs))
         for name, questions in zip(names, sets, strict=True)
     ]
 
@@ -472,22 +469,11 @@ def main() -> None:
         t = sub.add_parser(name)
         t.add_argument("--answerable", nargs="*", default=[])
         t.add_argument("--unanswerable", nargs="*", default=[])
-        t.add_argument("--gate", nargs="+", type=float, default=[0.0])
-        t.add_argument("--coverage", nargs="+", type=float, default=[0.0])
-        t.add_argument("--unknown", nargs="+", type=float, default=[0.0], help="gate_unknown_weight values")
-        t.add_argument(
-            "--similarity", nargs="+", type=float, default=[-1.0], help="gate_min_similarity values (-1: off)"
-        )
-        t.add_argument("--novel", nargs="+", type=float, default=[0.0], help="gate_novel_weight values")
-        t.add_argument("--margin", nargs="+", type=float, default=[1.0])
-        t.add_argument("--max-cited", nargs="+", type=int, default=[2])
-        t.add_argument("--per-passage", nargs="+", type=int, default=[2])
-        t.add_argument("--sentence-margin", nargs="+", type=float, default=[1.0])
-        t.add_argument("--weight", nargs="+", type=float, default=[0.5])
+        for option, field, kind, default in GRID:
+            t.add_argument(option, nargs="+", type=kind, default=[kind(default)], help=f"{field} values")
         t.add_argument("--fact-min", type=float, default=0.0)
         t.add_argument("--max-facts", type=int, default=8)
         t.add_argument("--fact-passage-weight", type=float, default=0.0)
-        t.add_argument("--floor", type=float, default=-2.0)
         t.add_argument("--passages", type=int, default=6)
         t.add_argument("--max-pairs", type=int, default=48)
     args = parser.parse_args()

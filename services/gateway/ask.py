@@ -279,6 +279,7 @@ class Asker:
             gate_coverage_weight=s.gateway_ask_gate_coverage_weight,
             gate_unknown_weight=s.gateway_ask_gate_unknown_weight,
             gate_novel_weight=s.gateway_ask_gate_novel_weight,
+            gate_unknown_penalty=s.gateway_ask_gate_unknown_penalty,
             fact_min_score=s.gateway_ask_fact_min_score,
             max_facts=s.gateway_ask_max_facts,
             sentence_weight=s.gateway_ask_sentence_weight,

@@ -96,6 +96,12 @@ class SelectionRules:
     # never mention ("Elixir" asked of gRPC's docs) is not, however sure the cross-encoder is
     # of a passage about gRPC servers.
     gate_novel_weight: float = 0.0
+    # Subtracted once when the question holds any unknown word, whatever its share: in effect a
+    # higher gate_min_score for such questions only. A near miss names one missing subject
+    # among many words the documents hold ("... to Datadog?"), so its share is small; a question
+    # whose every word the collection holds is asked of these documents, and the cross-encoder
+    # doubts many gold abstracts a claim paraphrases, so its doubt alone should refuse little.
+    gate_unknown_penalty: float = 0.0
 
 
 @dataclass
@@ -231,6 +237,7 @@ def select(
         + rules.gate_coverage_weight * share
         - rules.gate_unknown_weight * unknown
         - rules.gate_novel_weight * novel
+        - (rules.gate_unknown_penalty if unknown else 0.0)
     )
     if evidence < rules.gate_min_score:
         return Selection(False, [], [], evidence, share, unknown, similarity, novel_share=novel)

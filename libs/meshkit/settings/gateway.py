@@ -114,12 +114,14 @@ class GatewaySettings(MeshSettings):
         "words with the question are kept. Bounds the cost: ~1 s per 60 pairs per CPU core.",
     )
     gateway_ask_gate_min_score: float = Field(
-        3.5,
+        -6.0,
         description="Evidence gate: the strongest passage's strength (see gateway_ask_sentence_weight) "
         "plus gateway_ask_gate_coverage_weight x the share of the question's content words the passages "
-        "read hold, minus gateway_ask_gate_unknown_weight x the share no document holds, must reach this "
-        "(tuned on SciFact train claims, the grpc-docs tune questions and the tune halves of the "
-        "unanswerable sets, bench/answer_tune.py).",
+        "read hold, minus the unknown-word terms below, must reach this. Low: the cross-encoder doubts "
+        "many passages that answer (a claim paraphrasing its abstract), so its doubt alone refuses "
+        "little; a question holding a word no document holds meets it raised by "
+        "gateway_ask_gate_unknown_penalty (tuned on SciFact's held-out and train claims, the grpc-docs "
+        "tune questions and the tune halves of the unanswerable sets, bench/answer_tune.py).",
     )
     gateway_ask_gate_coverage_weight: float = Field(
         12.0, ge=0, description="Evidence gate: the weight of the question's word coverage (see above)."
@@ -144,6 +146,15 @@ class GatewaySettings(MeshSettings):
         "document holds nor any word one edit from them (sparse's novel_terms): not a misspelling but a "
         "subject the collection never mentions. Tuned on SciFact's held-out and train claims and the "
         "tune questions (docs/BENCHMARKS.md).",
+    )
+    gateway_ask_gate_unknown_penalty: float = Field(
+        9.5,
+        ge=0,
+        description="Evidence gate: subtracted once when the question holds any word no document holds, "
+        "whatever its share: a near miss names one missing subject among many words the collection "
+        "holds. 9.5 keeps such questions at the gate of 3.5 they met before it; 0 with "
+        "gateway_ask_gate_min_score 3.5 is the stricter gate of before, fewer answers citing the "
+        "answering document more often (docs/BENCHMARKS.md, 'Answering more').",
     )
     gateway_ask_gate_min_similarity: float = Field(
         0.40,

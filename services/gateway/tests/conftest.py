@@ -407,6 +407,8 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         # The fake passages ("text of c0") share no word with the tests' questions.
         gateway_ask_gate_coverage_weight=0.0,
         gateway_ask_gate_min_score=0.0,
+        # Unknown words weigh only in the tests that set their weights.
+        gateway_ask_gate_unknown_penalty=0.0,
         client_retry_backoff_s=0.01,
         breaker_fail_max=5,
         breaker_reset_s=60,

@@ -118,6 +118,22 @@ async def test_a_word_that_is_no_misspelling_of_any_indexed_word_counts_once_mor
     assert list(searched.novel_terms) == ["zx-81"]
 
 
+async def test_the_unknown_word_penalty_is_a_higher_gate_for_questions_holding_one() -> None:
+    # Evidence 4.5 passes a gate at 2; the unknown word's share weighs nothing here, its penalty
+    # (3) still takes 4.5 under the gate; the same question with every word known is answered.
+    async with judged(
+        GOOD_EVIDENCE,
+        gateway_ask_gate_min_score=2.0,
+        gateway_ask_gate_unknown_weight=0.0,
+        gateway_ask_gate_unknown_penalty=3.0,
+    ) as gateway:
+        known = await gateway.stub.Ask(ask(), timeout=10)
+        gateway.fakes.unknown_terms = ["zx-81"]
+        unknown = await gateway.stub.Ask(ask(), timeout=10)
+    assert known.answered
+    assert not unknown.answered and GATE_REASON in unknown.answer
+
+
 async def test_a_question_no_passage_is_near_is_refused_as_off_topic_before_any_sentence_is_judged() -> None:
     # The fake dense leg's best cosine is 0.9 (c0): under a 0.95 floor, over a 0.85 one. The
     # floor holds for the models it was calibrated for: the fake embedder's is "fake".

@@ -145,6 +145,24 @@ def test_the_gate_counts_a_word_that_is_no_misspelling_twice() -> None:
     ).answered
 
 
+def test_an_unknown_word_costs_its_penalty_once_whatever_its_share() -> None:
+    # A near miss names one missing subject among many words the passages hold: its share (1 in
+    # 8) takes little; the penalty takes the same from it as from a two-word question.
+    # Strength 1.5 + 6 x 5/8 words held = 5.25 passes a gate at 0; less the penalty, -0.75 fails.
+    long_near = "Does vitamin D supplementation reduce hip fractures in elderly Datadog users?"
+    evidence, passages = [scored(0, 0, 1.5)], [0.0, 0.0, 0.0]
+    rules = dataclasses.replace(RULES, gate_min_score=0.0, gate_unknown_weight=0.0, gate_unknown_penalty=6.0)
+    kept = select(long_near, evidence, TEXTS, passages, rules)
+    refused = select(long_near, evidence, TEXTS, passages, rules, ["datadog"])
+    assert kept.answered and not refused.answered
+    assert round((kept.evidence_score or 0) - (refused.evidence_score or 0), 3) == 6.0
+    # Two unknown words cost it once, not twice; a term that is none of the question's words, never.
+    assert select(long_near, evidence, TEXTS, passages, rules, ["datadog", "users"]).evidence_score == (
+        refused.evidence_score
+    )
+    assert select(long_near, evidence, TEXTS, passages, rules, ["the", "kafka"]).answered
+
+
 def test_the_gate_refuses_a_question_no_passage_is_near_however_well_a_sentence_scores() -> None:
     # The cross-encoder is confident (strength 3 + 6 x 0.8 words) but the collection's nearest
     # passage is at cosine 0.25: the question is not about these documents.
