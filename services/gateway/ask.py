@@ -39,7 +39,7 @@ from services.gateway.metrics import ms
 from services.gateway.search import Searcher, SearchOutcome
 from services.gateway.sentences import Selection, SelectionRules, TopicalityFloor
 from services.gateway.support import NARRATOR, SupportCheck, unchecked
-from services.gateway.validation import SearchParams
+from services.gateway.validation import BM25, SearchParams
 
 EXTRACTOR = "extractor"
 LLM, EXTRACTIVE = "llm", "extractive"
@@ -327,6 +327,7 @@ class Asker:
                 unknown_terms=searched.unknown_terms,
                 similarity=self._calibrated_similarity(searched),
                 novel_terms=searched.novel_terms,
+                words_checked=BM25 in searched.leg_lists,
             )
         except DownstreamError as exc:
             degradations.append(unchecked(exc))

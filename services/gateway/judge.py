@@ -75,10 +75,12 @@ class SentenceJudge:
         unknown_terms: Sequence[str] = (),
         similarity: float | None = None,
         novel_terms: Sequence[str] = (),
+        words_checked: bool = True,
     ) -> Selection:
         """Score the passages' (title, text) candidate sentences against the question; select()
         with the passages' own (reranker) scores, the question's words the collection lacks (and
-        of those, the ones that are no misspelling) and its best dense cosine."""
+        of those, the ones that are no misspelling; ``words_checked``: whether they were looked
+        up) and its best dense cosine."""
         found = candidates(
             query, passages, max_passages=max_passages, max_sentences=max_pairs, max_pairs=max_pairs
         )
@@ -89,7 +91,15 @@ class SentenceJudge:
         texts = [text for _, text in passages[:max_passages]]
         judged = [Scored(c, s) for c, s in zip(found, scores, strict=True)]
         return select(
-            query, judged, texts, passage_scores[:max_passages], rules, unknown_terms, similarity, novel_terms
+            query,
+            judged,
+            texts,
+            passage_scores[:max_passages],
+            rules,
+            unknown_terms,
+            similarity,
+            novel_terms,
+            words_checked=words_checked,
         )
 
     async def support(

@@ -213,12 +213,16 @@ def select(
     unknown_terms: Sequence[str] = (),
     similarity: float | None = None,
     novel_terms: Sequence[str] = (),
+    words_checked: bool = True,
 ) -> Selection:
     """The gate's verdict, the facts and the answer's sentences from the scored candidates of
     passages whose texts are ``texts`` and whose own scores are ``passage_scores`` (by passage
     index); ``unknown_terms``: the question's words no document of the collection holds;
     ``similarity``: the dense leg's best cosine for the question (None: not known, no floor);
-    ``novel_terms``: those of ``unknown_terms`` no indexed word is one edit from."""
+    ``novel_terms``: those of ``unknown_terms`` no indexed word is one edit from;
+    ``words_checked``: whether the BM25 leg looked the words up at all. When it did not (sparse
+    down), a near miss cannot be told by its words, and every question meets the gate raised by
+    gate_unknown_penalty."""
     ranked = sorted(scored, key=lambda s: (-s.score, s.passage, s.candidate.position))
     share = question_coverage(query, texts)
     unknown = unknown_share(query, unknown_terms)
@@ -237,7 +241,7 @@ def select(
         + rules.gate_coverage_weight * share
         - rules.gate_unknown_weight * unknown
         - rules.gate_novel_weight * novel
-        - (rules.gate_unknown_penalty if unknown else 0.0)
+        - (rules.gate_unknown_penalty if unknown or not words_checked else 0.0)
     )
     if evidence < rules.gate_min_score:
         return Selection(False, [], [], evidence, share, unknown, similarity, novel_share=novel)

@@ -152,7 +152,8 @@ class GatewaySettings(MeshSettings):
         ge=0,
         description="Evidence gate: subtracted once when the question holds any word no document holds, "
         "whatever its share: a near miss names one missing subject among many words the collection "
-        "holds. 9.5 keeps such questions at the gate of 3.5 they met before it; 0 with "
+        "holds (and from every question when the BM25 leg did not answer: no word was looked up). "
+        "9.5 keeps such questions at the gate of 3.5 they met before it; 0 with "
         "gateway_ask_gate_min_score 3.5 is the stricter gate of before, fewer answers citing the "
         "answering document more often (docs/BENCHMARKS.md, 'Answering more').",
     )

@@ -134,6 +134,21 @@ async def test_the_unknown_word_penalty_is_a_higher_gate_for_questions_holding_o
     assert not unknown.answered and GATE_REASON in unknown.answer
 
 
+async def test_with_the_bm25_leg_down_every_question_meets_the_raised_gate() -> None:
+    # No word was looked up: a near miss cannot be told by its words, so the penalty applies
+    # as if one were missing (4.5 - 3 under 2); the answer says which leg was missing.
+    async with judged(
+        GOOD_EVIDENCE, gateway_ask_gate_min_score=2.0, gateway_ask_gate_unknown_penalty=3.0
+    ) as gateway:
+        gateway.fakes.behaviour["bm25"] = "fail"
+        unchecked = await gateway.stub.Ask(ask(), timeout=10)
+        gateway.fakes.behaviour["bm25"] = "ok"
+        checked = await gateway.stub.Ask(ask(), timeout=10)
+    assert not unchecked.answered and GATE_REASON in unchecked.answer
+    assert any(d.stage == gateway_pb2.STAGE_SPARSE for d in unchecked.degradations)
+    assert checked.answered
+
+
 async def test_a_question_no_passage_is_near_is_refused_as_off_topic_before_any_sentence_is_judged() -> None:
     # The fake dense leg's best cosine is 0.9 (c0): under a 0.95 floor, over a 0.85 one. The
     # floor holds for the models it was calibrated for: the fake embedder's is "fake".

@@ -161,6 +161,8 @@ def test_an_unknown_word_costs_its_penalty_once_whatever_its_share() -> None:
         refused.evidence_score
     )
     assert select(long_near, evidence, TEXTS, passages, rules, ["the", "kafka"]).answered
+    # Words not looked up (the BM25 leg did not answer): the penalty applies to every question.
+    assert not select(long_near, evidence, TEXTS, passages, rules, words_checked=False).answered
 
 
 def test_the_gate_refuses_a_question_no_passage_is_near_however_well_a_sentence_scores() -> None:
