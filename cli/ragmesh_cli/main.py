@@ -421,15 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--json", action="store_true")
     config.set_defaults(func=cmd_config)
 
-    keys_parser = sub.add_parser("keys", parents=[common], help="API keys (docs/SECURITY.md)")
-    keys_sub = keys_parser.add_subparsers(dest="keys_command", required=True)
-    keys_new = keys_sub.add_parser(
-        "new", parents=[common], help="mint a key: prints it once, and the keys-file entry (its digest)"
-    )
-    keys_check = keys_sub.add_parser("check", parents=[common], help="validate a keys file, list its keys")
-    keys.add_arguments(keys_new, keys_check)
-    keys_new.set_defaults(func=keys.run_new)
-    keys_check.set_defaults(func=keys.run_check)
+    keys.add_parser(sub, common)
 
     certs_parser = sub.add_parser("certs", parents=[common], help="mesh certificates (docs/SECURITY.md)")
     certs_sub = certs_parser.add_subparsers(dest="certs_command", required=True)

@@ -128,19 +128,21 @@ class ServerTLS:
 
 def nats_config(
     port: int,
-    monitor_port: int,
+    monitor_port: int | None,
     store_dir: Path,
     *,
     tls: ServerTLS | None = None,
     passwords: Mapping[str, str] | None = None,
     grants: Mapping[str, Grant] = USER_GRANTS,
 ) -> dict[str, Any]:
-    """The server's configuration; with ``passwords`` (user -> password), only those users get in."""
+    """The server's configuration; with ``passwords`` (user -> password), only those users get in;
+    without ``monitor_port``, no HTTP monitoring port."""
     config: dict[str, Any] = {
         "listen": f"{procutil.LOOPBACK}:{port}",
-        "http": f"{procutil.LOOPBACK}:{monitor_port}",
         "jetstream": {"store_dir": str(store_dir), "sync_interval": SYNC_INTERVAL},
     }
+    if monitor_port is not None:
+        config["http"] = f"{procutil.LOOPBACK}:{monitor_port}"
     if tls is not None:
         config["tls"] = {
             "cert_file": str(tls.cert_file),

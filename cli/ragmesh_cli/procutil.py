@@ -8,15 +8,22 @@ import os
 import random
 import signal
 import socket
+import stat
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from meshkit.fsutil import replace_private
+
 LOOPBACK = "127.0.0.1"
+# What the stack writes under its state dir is its owner's alone: the documents' text, the
+# index's payloads and the object store's volumes are every tenant's data.
+PRIVATE_UMASK = 0o077
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
 # Ports picked by hand (pairs) stay below the kernel's ephemeral range (32768+ by default), so an
 # outgoing connection cannot grab one between our check and the server's bind.
 _PAIR_LOW, _PAIR_HIGH, _PAIR_OFFSET = 10_000, 22_000, 10_000
@@ -176,6 +183,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            umask=PRIVATE_UMASK,
         )
 
 
@@ -192,19 +200,45 @@ def tail(path: Path, lines: int = 20) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
-    """Write JSON so readers see the old file or the new one, never half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+@contextlib.contextmanager
+def private_umask() -> Iterator[None]:
+    """Whatever this process creates meanwhile is its owner's alone (the umask is per process:
+    the stack's own writes, not a library caller's, run under this)."""
+    previous = os.umask(PRIVATE_UMASK)
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        yield
+    finally:
+        os.umask(previous)
+
+
+def make_private(root: Path) -> int:
+    """Take every group and other permission off ``root`` and everything under it (folders
+    0700, files 0600), for state written before the stack kept it private. Symbolic links are
+    neither followed nor changed. Returns how many entries were changed."""
+    changed = 0
+    # A folder is visited as its own walk step; links to folders are listed in dirs, never files.
+    for folder, _dirs, files in os.walk(root):
+        for path in (folder, *(os.path.join(folder, name) for name in files)):
+            with contextlib.suppress(FileNotFoundError):
+                changed += _strip_group_other(path)
+    return changed
+
+
+def _strip_group_other(path: str) -> int:
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode) or not stat.S_IMODE(mode) & 0o077:
+        return 0
+    os.chmod(path, stat.S_IMODE(mode) & ~0o077)
+    return 1
+
+
+def write_text_atomic(path: Path, text: str, mode: int = PRIVATE_FILE_MODE) -> None:
+    """Write ``text`` so readers see the old file or the new one, never half of it; private
+    (0600) unless told otherwise."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_private(path, text.encode("utf-8"), mode)
+
+
+def write_json_atomic(path: Path, data: Any, mode: int = PRIVATE_FILE_MODE) -> None:
+    """Write JSON so readers see the old file or the new one, never half of it."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode)

@@ -2,9 +2,18 @@
 in ``<state_dir>/secure`` (0700, every file 0600) and created on first use:
 
 - ``pki/``: the mesh CA and a certificate per identity (meshkit.pki) and for NATS and S3;
-- ``credentials.json``: each service's NATS password and S3 key, and the plaintext API keys of
-  the stack (``ops`` for the CLI, plus the tenants it was started with);
-- ``api-keys.json``: the keys file of the gateway and the ingestion API (digests only).
+- ``credentials.json``: each service's NATS password and S3 key, and the plaintext API keys the
+  stack minted (``ops`` for the CLI, plus the tenants it was started with);
+- ``api-keys.json``: the keys file of the gateway and the ingestion API (digests only), which
+  they reload while running (meshkit.keyreload).
+
+The keys file belongs to the operator as much as to the stack. ``prepare`` (every ``ragmesh up``
+that starts something) only makes sure that ``ops`` and the tenants the stack is started with
+(``Stack(api_keys=...)``) are in it, and leaves every other entry as it is: keys added with
+``ragmesh keys add`` stay, and a key revoked with ``ragmesh keys revoke`` stays out unless the
+stack is started with that tenant again, which then gets a new key (``revoke`` forgets the old
+one). An entry whose name the stack asks for but that holds another key than the stack's is the
+operator's: it is kept, and the stack has no plaintext for it.
 
 ``apply_env`` turns a process's environment into the one of its identity: its certificate,
 service_auth=mtls, its NATS user and its S3 key, and nothing of anyone else's. ``client_profile``
@@ -21,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshkit.auth import key_entry, new_api_key
+from meshkit.auth import ALL, KeysFileError, digest_of, key_entry, new_api_key
 from meshkit.identity import (
     EMBEDDER,
     EXTRACTOR,
@@ -36,6 +45,7 @@ from meshkit.identity import (
     RERANKER,
     SPARSE,
 )
+from meshkit.keysfile import Entry, LockedKeysFile
 from meshkit.pki import INFRA_SERVERS, PKIFiles, write_pki
 from ragmesh_cli import procutil
 from ragmesh_cli.natsconf import USER_GRANTS, ServerTLS
@@ -125,45 +135,90 @@ class SecureMaterial:
     # ------------------------------------------------------------------ creation
 
     def prepare(self) -> None:
-        """Create whatever is missing (idempotent; existing keys and certificates are kept)."""
+        """Create whatever is missing (idempotent; existing keys and certificates are kept), and
+        make sure the keys file holds ``ops`` and this stack's tenants (see the module's doc)."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o700)
         if not self.pki.complete([*MESH_IDENTITIES, *INFRA_SERVERS]):
             write_pki(self.pki.directory, force=True)
-        secrets_ = self._load_secrets()
-        changed = False
-        for user in USER_GRANTS:
-            changed |= _ensure(secrets_["nats"], user, lambda: secrets.token_urlsafe(24))
-        for identity in [OPS, *S3_GRANTS]:
-            changed |= _ensure(secrets_["s3"], identity, _new_s3_key)
-        for name in [OPS_KEY, *self.tenants]:
-            changed |= _ensure(secrets_["api_keys"], name, new_api_key)
-        changed |= _ensure(secrets_["llm"], "api_key", lambda: secrets.token_urlsafe(32))
-        # A stack restarted without its tenants (ragmesh up on a running one) keeps their grants.
-        for name, (read, write) in self.tenants.items():
-            grant = {"read": list(read), "write": list(write)}
-            changed |= secrets_["grants"].get(name) != grant
-            secrets_["grants"][name] = grant
-        if changed:
-            procutil.write_json_atomic(self.root / CREDENTIALS_FILE, secrets_, mode=0o600)
-        self._write_keys_file()
+        # The keys file's lock also covers credentials.json, which 'ragmesh keys revoke' edits.
+        with LockedKeysFile(self.keys_file) as keys_file:
+            secrets_ = self._load_secrets(fresh=True)
+            changed = _ensure_service_secrets(secrets_)
+            changed |= self._ensure_stack_keys(keys_file, secrets_["api_keys"])
+            # Credentials first: a key in the keys file whose plaintext was lost would be useless.
+            if changed:
+                self._save_secrets(secrets_)
+            keys_file.save()
 
-    def _load_secrets(self) -> dict[str, Any]:
-        if self._secrets is None:
+    def _stack_grants(self) -> dict[str, tuple[list[str], list[str]]]:
+        grants = {OPS_KEY: ([ALL], [ALL])}
+        grants.update({name: (list(read), list(write)) for name, (read, write) in self.tenants.items()})
+        return grants
+
+    def _ensure_stack_keys(self, keys_file: LockedKeysFile, recorded: dict[str, str]) -> bool:
+        """Put ``ops`` and this stack's tenants in the keys file; True when a key was minted."""
+        minted = False
+        for name, (read, write) in self._stack_grants().items():
+            existing = keys_file.entry(name)
+            if existing is None:
+                # First start, or revoked since and asked for again: a new key either way, never
+                # the one that was revoked.
+                recorded[name] = new_api_key()
+                keys_file.add(key_entry(name, recorded[name], read, write, None))
+                minted = True
+            elif name != OPS_KEY and self._is_own(existing, recorded.get(name)):
+                # The stack's own tenant, started again: its grants as given now.
+                existing["read"], existing["write"] = read, write
+            # Otherwise the entry is the operator's (another key under this name) or ops as it
+            # is: left alone.
+        return minted
+
+    @staticmethod
+    def _is_own(entry: Entry, key: str | None) -> bool:
+        return key is not None and str(entry.get("sha256", "")).lower() == digest_of(key)
+
+    def revoke(self, name: str) -> Entry:
+        """Take key ``name`` out of the keys file and forget the stack's plaintext of it, so a
+        later start with that tenant mints a new key instead of reviving this one."""
+        if name == OPS_KEY:
+            raise KeysFileError(
+                f"{OPS_KEY!r} is the local stack's operator key (the CLI's): 'ragmesh up' puts it back, "
+                "so it is not revoked here"
+            )
+        with LockedKeysFile(self.keys_file) as keys_file:
+            removed = keys_file.remove(name)
+            keys_file.save()
+            secrets_ = self._load_secrets(fresh=True)
+            forgotten = secrets_["api_keys"].pop(name, None) is not None
+            forgotten |= secrets_.get("grants", {}).pop(name, None) is not None  # older stacks'
+            if forgotten:
+                self._save_secrets(secrets_)
+        return removed
+
+    def add_key(self, entry: Entry) -> None:
+        """Add an operator's key (its entry: the digest, never the key) to the keys file."""
+        if entry["name"] == OPS_KEY:
+            raise KeysFileError(f"{OPS_KEY!r} is reserved for the local stack's operator key")
+        with LockedKeysFile(self.keys_file) as keys_file:
+            keys_file.add(entry)
+            keys_file.save()
+
+    def exists(self) -> bool:
+        """Whether a secure stack was ever prepared in this state dir."""
+        return (self.root / CREDENTIALS_FILE).is_file()
+
+    def _load_secrets(self, fresh: bool = False) -> dict[str, Any]:
+        if self._secrets is None or fresh:
             path = self.root / CREDENTIALS_FILE
             loaded: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-            for section in ("nats", "s3", "api_keys", "grants", "llm"):
+            for section in ("nats", "s3", "api_keys", "llm"):
                 loaded.setdefault(section, {})
             self._secrets = loaded
         return self._secrets
 
-    def _write_keys_file(self) -> None:
-        recorded = self._load_secrets()
-        keys = recorded["api_keys"]
-        grants = {OPS_KEY: (["*"], ["*"])}
-        grants.update({n: (g["read"], g["write"]) for n, g in sorted(recorded["grants"].items())})
-        entries = [key_entry(name, keys[name], read, write, None) for name, (read, write) in grants.items()]
-        procutil.write_json_atomic(self.keys_file, {"keys": entries}, mode=0o600)
+    def _save_secrets(self, secrets_: dict[str, Any]) -> None:
+        procutil.write_json_atomic(self.root / CREDENTIALS_FILE, secrets_, mode=0o600)
 
     # ------------------------------------------------------------------ reading
 
@@ -172,7 +227,14 @@ class SecureMaterial:
         return self.root / API_KEYS_FILE
 
     def api_key(self, name: str = OPS_KEY) -> str:
-        key: str = self._load_secrets()["api_keys"][name]
+        """The plaintext of a key the stack minted (``ops``, a tenant it was started with)."""
+        try:
+            key: str = self._load_secrets()["api_keys"][name]
+        except KeyError:
+            raise LookupError(
+                f"the stack holds no API key named {name!r}: it mints only ops and the tenants it is "
+                "started with ('ragmesh keys add' prints a key once and stores only its digest)"
+            ) from None
         return key
 
     def llm_api_key(self) -> str:
@@ -253,6 +315,17 @@ class SecureMaterial:
 
 def _new_s3_key() -> dict[str, str]:
     return {"access_key": "rm" + secrets.token_hex(9).upper(), "secret_key": secrets.token_urlsafe(30)}
+
+
+def _ensure_service_secrets(secrets_: dict[str, Any]) -> bool:
+    """Each service's NATS password and S3 key, and the LLM key; True when one was made."""
+    changed = False
+    for user in USER_GRANTS:
+        changed |= _ensure(secrets_["nats"], user, lambda: secrets.token_urlsafe(24))
+    for identity in [OPS, *S3_GRANTS]:
+        changed |= _ensure(secrets_["s3"], identity, _new_s3_key)
+    changed |= _ensure(secrets_["llm"], "api_key", lambda: secrets.token_urlsafe(32))
+    return changed
 
 
 def _ensure(section: dict[str, Any], name: str, make: Any) -> bool:

@@ -22,10 +22,16 @@ What must hold (docs: deploy/k8s/README.md "Security"):
 * **NATS**: at least 3 servers, all routed, spread over nodes, a disruption budget that keeps a
   quorum, TLS and users in its configuration, an explicit sync interval, streams replicated
   (RAGMESH_NATS_STREAM_REPLICAS) on that many servers, clients on tls://; MinIO over HTTPS.
+* **Metrics**: every gRPC pod's metrics port (HTTPS with a mesh client certificate under mtls) is
+  annotated `prometheus.io/scheme: https` and scraped by a job of the shipped scrape config
+  (deploy/prometheus/scrape-kubernetes.yml, named `ragmesh-*` as the alert rules assume) that
+  uses https, verifies the pod against the mesh CA by its identity, and presents the scraper's
+  certificate from its Secret (make_secrets.py's ragmesh-tls-prometheus).
 
 This file holds the checks; what they check against is beside it: manifest_mesh.py (workloads,
-identities, call graph, ports), manifest_objects.py (the rendered objects) and
-manifest_netpolicy.py (NetworkPolicy semantics).
+identities, call graph, ports), manifest_objects.py (the rendered objects),
+manifest_netpolicy.py (NetworkPolicy semantics) and manifest_scrape.py (Prometheus's discovery
+and relabelling).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from manifest_mesh import (
 )
 from manifest_netpolicy import Policies, selects
 from manifest_objects import External, Pod, Rendered
+from manifest_scrape import Job, load_scrape_config, pod_targets, scraping_jobs
 
 PLACEHOLDER = re.compile(r"replace[-_]?me|changeme|placeholder", re.IGNORECASE)
 
@@ -373,12 +380,62 @@ def check_nats(r: Rendered) -> list[str]:
     return findings
 
 
+# The Secret the scraper's certificate comes from, as Prometheus mounts it (make_secrets.py).
+SCRAPER_SECRET = "ragmesh-tls-prometheus"
+SCRAPER_FILES = {"ca_file": "ca.crt", "cert_file": "tls.crt", "key_file": "tls.key"}
+
+
+def _scrape_job_findings(job: Job, pod: Pod, port: str) -> list[str]:
+    """What is wrong with ``job`` scraping a gRPC pod's metrics port (mTLS under service_auth)."""
+    where = f"metrics: job {job.get('job_name')} scrapes {pod.name}:{port}"
+    findings = []
+    if not str(job.get("job_name", "")).startswith("ragmesh-"):
+        findings.append(f"{where} under a name the alert rules do not watch (ragmesh-*)")
+    if job.get("scheme") != "https":
+        findings.append(f"{where} over plain HTTP (the port serves HTTPS only)")
+    tls = job.get("tls_config") or {}
+    if tls.get("insecure_skip_verify"):
+        findings.append(f"{where} without verifying its certificate (insecure_skip_verify)")
+    if tls.get("server_name") != pod.name:
+        findings.append(f"{where} verifying it as {tls.get('server_name')!r}, not its identity {pod.name!r}")
+    for field, file in SCRAPER_FILES.items():
+        path = Path(str(tls.get(field, "")))
+        if (path.parent.name, path.name) != (SCRAPER_SECRET, file):
+            findings.append(f"{where} without {file} of Secret {SCRAPER_SECRET} as {field}")
+    return findings
+
+
+def check_scrape(r: Rendered, scrape: Mapping[str, Any]) -> list[str]:
+    findings: list[str] = []
+    for pod in r.pods:
+        if pod.name not in stages():
+            continue
+        annotations = (pod.workload["spec"]["template"].get("metadata") or {}).get("annotations") or {}
+        if (
+            annotations.get("prometheus.io/scrape") == "true"
+            and annotations.get("prometheus.io/scheme") != "https"
+        ):
+            findings.append(f"metrics: {pod.name} is annotated for scraping over plain HTTP")
+        for target in pod_targets(pod, r.namespace):
+            if target["__meta_kubernetes_pod_container_port_name"] != "metrics":
+                continue
+            port = target["__meta_kubernetes_pod_container_port_number"]
+            jobs = scraping_jobs(scrape, target)
+            if not jobs:
+                findings.append(f"metrics: no job of the shipped scrape config scrapes {pod.name}:{port}")
+            for job in jobs:
+                findings += _scrape_job_findings(job, pod, port)
+    return findings
+
+
 CHECKS = (check_edge, check_network, check_identity, check_credentials, check_nats)
 
 
-def check(docs: Iterable[dict[str, Any]]) -> list[str]:
+def check(docs: Iterable[dict[str, Any]], scrape: Mapping[str, Any] | None = None) -> list[str]:
+    """Every finding on a rendered overlay, with the shipped scrape config unless ``scrape``."""
     rendered = Rendered(docs)
-    return [finding for run in CHECKS for finding in run(rendered)]
+    findings = [finding for run in CHECKS for finding in run(rendered)]
+    return findings + check_scrape(rendered, scrape if scrape is not None else load_scrape_config())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path}: {finding}")
         failed = failed or bool(findings)
         if not findings:
-            print(f"{path}: closed by default (edge, network, identities, credentials, NATS)")
+            print(f"{path}: closed by default (edge, network, identities, credentials, NATS, metrics)")
     return 1 if failed else 0
 
 

@@ -12,6 +12,9 @@ start). This writes them:
   --namespace ragmesh`` writes;
   cert-manager can make the same Secrets instead, README). Each certificate is checked first:
   signed by ca.crt, the identity's URI SAN, and the DNS names the mesh dials it by.
+* ``ragmesh-tls-prometheus``, the same shape, in Prometheus's namespace (``--monitoring-namespace``,
+  default ``monitoring``): the scrape-only identity Prometheus reads the mesh's /metrics ports
+  with (``prometheus.crt``/``.key``: deploy/k8s/scraper_cert.py; client usage only).
 * ``ragmesh-nats-<user>``, ``ragmesh-s3-<user>``, ``ragmesh-s3-root``, ``ragmesh-llm``: random
   credentials, generated once into OUT_DIR/credentials.env and reused on later runs (so running
   this again does not rotate anything; delete a line to rotate that credential).
@@ -61,6 +64,11 @@ SERVER_NAMES: dict[str, tuple[str, ...]] = {
 }
 # The PKI's file name of a server, where `ragmesh certs new` names it otherwise (meshkit.pki).
 PKI_FILE = {"minio": "s3"}
+# The scrape-only identity (meshkit.tls.METRICS_SCRAPER): Prometheus's client certificate for the
+# mesh's /metrics ports, in Prometheus's namespace rather than the mesh's.
+SCRAPER = "prometheus"
+SCRAPER_SECRET = f"ragmesh-tls-{SCRAPER}"
+MONITORING_NAMESPACE = "monitoring"
 NATS_USERS = ("ingestion", "ingestion-worker", "index", "sparse", "bootstrap", "gateway")
 S3_USERS = ("ingestion", "ingestion-worker", "index", "sparse", "reranker", "llm", "bootstrap")
 TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
@@ -71,6 +79,8 @@ class SecretSpec:
     name: str
     keys: tuple[str, ...]
     type: str = "Opaque"
+    # In Prometheus's namespace (the scraper's certificate), not the mesh's.
+    monitoring: bool = False
 
 
 def catalogue() -> list[SecretSpec]:
@@ -85,6 +95,7 @@ def catalogue() -> list[SecretSpec]:
     specs += [
         SecretSpec(f"ragmesh-s3-{u}", ("RAGMESH_S3_ACCESS_KEY", "RAGMESH_S3_SECRET_KEY")) for u in S3_USERS
     ]
+    specs.append(SecretSpec(SCRAPER_SECRET, TLS_KEYS, "kubernetes.io/tls", monitoring=True))
     specs += [
         SecretSpec("ragmesh-s3-root", ("MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD")),
         SecretSpec("ragmesh-llm", ("RAGMESH_LLM_API_KEY",)),
@@ -146,7 +157,7 @@ def check_certificate(
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound as exc:
         raise SecretsError(f"the {name} certificate has no subject alternative names") from exc
-    if name in IDENTITIES and f"spiffe://ragmesh/{name}" not in san.get_values_for_type(
+    if name in (*IDENTITIES, SCRAPER) and f"spiffe://ragmesh/{name}" not in san.get_values_for_type(
         x509.UniformResourceIdentifier
     ):
         raise SecretsError(f"the {name} certificate lacks the URI SAN spiffe://ragmesh/{name}")
@@ -160,6 +171,10 @@ def check_certificate(
         usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
     except x509.ExtensionNotFound:
         return  # no restriction: valid for both
+    if name == SCRAPER:
+        if x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+            raise SecretsError(f"the {name} certificate must allow clientAuth (it scrapes)")
+        return
     # One certificate serves and calls (the mesh), or serves and routes (NATS).
     wanted = {x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH}
     if name != "minio" and not wanted <= usages:
@@ -175,9 +190,27 @@ def tls_secrets(pki: Path, gateway_names: Iterable[str]) -> dict[str, dict[str, 
         stem = PKI_FILE.get(name, name)
         cert, key = _read(pki / f"{stem}.crt"), _read(pki / f"{stem}.key")
         wanted = set(SERVER_NAMES.get(name, ())) | hosts.get(name, set())
+        if name in IDENTITIES:
+            # Prometheus scrapes pods by IP and verifies each by its identity (server_name in
+            # deploy/prometheus/scrape-kubernetes.yml).
+            wanted.add(name)
         check_certificate(name, cert, key, ca, wanted)
         out[f"ragmesh-tls-{name}"] = {"tls.crt": cert, "tls.key": key, "ca.crt": ca}
+    out[SCRAPER_SECRET] = scraper_secret(pki, ca)
     return out
+
+
+def scraper_secret(pki: Path, ca: bytes) -> dict[str, bytes]:
+    """Prometheus's client certificate; `ragmesh certs new` does not make it (it is not a mesh
+    service), scraper_cert.py does."""
+    if not (pki / f"{SCRAPER}.crt").exists():
+        raise SecretsError(
+            f"no {pki / f'{SCRAPER}.crt'}: make Prometheus's scrape certificate with "
+            f"`.venv/bin/python deploy/k8s/scraper_cert.py --pki {pki}`"
+        )
+    cert, key = _read(pki / f"{SCRAPER}.crt"), _read(pki / f"{SCRAPER}.key")
+    check_certificate(SCRAPER, cert, key, ca, ())
+    return {"tls.crt": cert, "tls.key": key, "ca.crt": ca}
 
 
 def _read(path: Path) -> bytes:
@@ -260,9 +293,13 @@ def api_keys_secret(path: Path) -> dict[str, dict[str, bytes]]:
 # ---------------------------------------------------------------------------- output
 
 
-def render(all_secrets: Mapping[str, Mapping[str, bytes]], namespace: str) -> str:
+def render(
+    all_secrets: Mapping[str, Mapping[str, bytes]],
+    namespace: str,
+    monitoring_namespace: str = MONITORING_NAMESPACE,
+) -> str:
     """Secret manifests as YAML (JSON documents are YAML; no YAML library needed)."""
-    types = {spec.name: spec.type for spec in catalogue()}
+    specs = {spec.name: spec for spec in catalogue()}
     docs = []
     for name in sorted(all_secrets):
         manifest = {
@@ -270,10 +307,10 @@ def render(all_secrets: Mapping[str, Mapping[str, bytes]], namespace: str) -> st
             "kind": "Secret",
             "metadata": {
                 "name": name,
-                "namespace": namespace,
+                "namespace": monitoring_namespace if specs[name].monitoring else namespace,
                 "labels": {"app.kubernetes.io/part-of": "ragmesh"},
             },
-            "type": types[name],
+            "type": specs[name].type,
             "data": {k: base64.b64encode(v).decode() for k, v in sorted(all_secrets[name].items())},
         }
         docs.append(json.dumps(manifest, indent=2))
@@ -288,7 +325,14 @@ def _write_private(path: Path, text: str) -> None:
     path.chmod(0o600)
 
 
-def build(pki: Path, api_keys: Path, out: Path, namespace: str, gateway_names: Iterable[str] = ()) -> Path:
+def build(
+    pki: Path,
+    api_keys: Path,
+    out: Path,
+    namespace: str,
+    gateway_names: Iterable[str] = (),
+    monitoring_namespace: str = MONITORING_NAMESPACE,
+) -> Path:
     all_secrets = {
         **tls_secrets(pki, gateway_names),
         **credential_secrets(load_or_create_credentials(out / "credentials.env")),
@@ -298,7 +342,7 @@ def build(pki: Path, api_keys: Path, out: Path, namespace: str, gateway_names: I
     if set(all_secrets) != expected:  # the catalogue and the builders must agree
         raise SecretsError(f"internal: made {sorted(set(all_secrets) ^ expected)} unlike the catalogue")
     target = out / "secrets.yaml"
-    _write_private(target, render(all_secrets, namespace))
+    _write_private(target, render(all_secrets, namespace, monitoring_namespace))
     return target
 
 
@@ -311,6 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where secrets.yaml and credentials.env go")
     parser.add_argument("--namespace", default="ragmesh")
     parser.add_argument(
+        "--monitoring-namespace",
+        default=MONITORING_NAMESPACE,
+        help="where Prometheus runs: its scrape certificate's Secret goes there (default monitoring)",
+    )
+    parser.add_argument(
         "--gateway-name",
         action="append",
         default=[],
@@ -318,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        target = build(args.pki, args.api_keys, args.out, args.namespace, args.gateway_name)
+        target = build(
+            args.pki, args.api_keys, args.out, args.namespace, args.gateway_name, args.monitoring_namespace
+        )
     except SecretsError as exc:
         print(f"make_secrets: {exc}", file=sys.stderr)
         return 1

@@ -9,7 +9,13 @@ runs ``Guard.check`` before the handler. Format and threat model: docs/SECURITY.
 
 The presented key is hashed and compared with every configured digest (hmac.compare_digest, no
 early exit), so neither a prefix nor which entry matched shows in the timing. Neither the key
-nor its digest ever reaches an error message, a log line or a metric label: only the key's name.
+nor its digest ever reaches an error message, a log line or a metric label: errors and logs name
+the key, metrics carry its id (``key_id``: the metrics port is unauthenticated, and a tenant's key
+name can say who the tenant is).
+
+A guard's keys can be replaced while it serves (``Guard.replace_keys``, driven by
+meshkit.keyreload): each call checks against the set it started with, and the rate-limit buckets
+of keys that did not change carry over.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ API_KEY_HEADER = "x-api-key"
 MISSING_KEY = f"missing API key: send '{AUTHORIZATION_HEADER}: Bearer <key>' or '{API_KEY_HEADER}: <key>'"
 INVALID_KEY = "invalid API key"
 NO_KEY_LABEL = "-"
+KEY_ID_PREFIX = "kid_"
+KEY_ID_HEX_DIGITS = 12
 
 
 class KeysFileError(ValueError):
@@ -114,6 +122,15 @@ class Rate:
         return cls(per_second, burst or max(1, math.ceil(per_second)))
 
 
+def key_id(digest: str | bytes) -> str:
+    """The public id of the key whose stored (hex) digest is ``digest``: a hash of the digest,
+    so the id can be shown anywhere (metrics, listings) without helping anyone to the digest,
+    let alone the key. ``ragmesh keys list`` maps ids to names."""
+    text = digest.decode("ascii") if isinstance(digest, bytes) else digest
+    hashed = hashlib.sha256(text.lower().encode("ascii")).hexdigest()
+    return KEY_ID_PREFIX + hashed[:KEY_ID_HEX_DIGITS]
+
+
 @dataclass(frozen=True)
 class ApiKey:
     """A configured key: its name, the digest of its secret, and what it may do."""
@@ -123,6 +140,11 @@ class ApiKey:
     read: frozenset[str] = frozenset()
     write: frozenset[str] = frozenset()
     rate: Rate | None = None
+    # The metric label (key_id of the digest); computed once, not per call.
+    id: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", key_id(self.digest))
 
     def may(self, action: Action, collection: str) -> bool:
         """Whether this key may ``action`` ``collection`` ('*': every collection at once)."""
@@ -177,12 +199,19 @@ def parse_keys(text: str, source: str, default_rate: Rate | None = None) -> list
     return keys
 
 
-def load_keys(path: Path, default_rate: Rate | None = None) -> list[ApiKey]:
+def read_keys_text(path: Path) -> str:
+    """A keys file's text; KeysFileError when it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        # The position only: the decoder's own message quotes the offending byte.
+        raise KeysFileError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    except OSError as exc:
         raise KeysFileError(f"cannot read the API keys file {str(path)!r}: {exc}") from None
-    return parse_keys(text, str(path), default_rate)
+
+
+def load_keys(path: Path, default_rate: Rate | None = None) -> list[ApiKey]:
+    return parse_keys(read_keys_text(path), str(path), default_rate)
 
 
 class KeyStore:
@@ -273,6 +302,36 @@ def credential_from(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class KeysChange:
+    """What a replacement of a guard's keys changed, by key name (for the log)."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+    @classmethod
+    def between(cls, old: Iterable[ApiKey], new: Iterable[ApiKey]) -> KeysChange:
+        before = {k.name: k for k in old}
+        after = {k.name: k for k in new}
+        return cls(
+            added=tuple(sorted(after.keys() - before.keys())),
+            removed=tuple(sorted(before.keys() - after.keys())),
+            changed=tuple(sorted(n for n in before.keys() & after.keys() if before[n] != after[n])),
+        )
+
+
+@dataclass(frozen=True)
+class _KeySet:
+    """The keys in force and their rate-limit buckets (by digest), swapped as one."""
+
+    store: KeyStore
+    buckets: Mapping[bytes, TokenBucket]
+
+
 class Guard:
     """Authenticates, rate-limits and authorises calls to one service."""
 
@@ -285,41 +344,67 @@ class Guard:
     ) -> None:
         self.service = service
         self.rules = dict(rules)
-        self.store = KeyStore(keys)
-        self.buckets = {k.name: TokenBucket(k.rate, clock) for k in self.store.keys if k.rate is not None}
+        self.clock = clock
+        self._keys = self._key_set(keys, {})
+
+    @property
+    def store(self) -> KeyStore:
+        return self._keys.store
+
+    def replace_keys(self, keys: Iterable[ApiKey]) -> KeysChange:
+        """Put ``keys`` in force. A key whose digest and rate are unchanged keeps its bucket (a
+        reload neither refills nor drains it); calls already past the check are not affected."""
+        old = self._keys
+        new = self._key_set(keys, old.buckets)
+        # One attribute store: a concurrent check sees the old set or the new one, never a mix.
+        self._keys = new
+        return KeysChange.between(old.store.keys, new.store.keys)
+
+    def _key_set(self, keys: Iterable[ApiKey], previous: Mapping[bytes, TokenBucket]) -> _KeySet:
+        store = KeyStore(keys)
+        buckets: dict[bytes, TokenBucket] = {}
+        for key in store.keys:
+            if key.rate is None:
+                continue
+            bucket = previous.get(key.digest)
+            if bucket is None or bucket.rate != key.rate:
+                bucket = TokenBucket(key.rate, self.clock)
+            buckets[key.digest] = bucket
+        return _KeySet(store, buckets)
 
     def check(self, method: str, request: Any, metadata: Iterable[tuple[str, Any]] | None) -> ApiKey:
         """The caller's key, or a ServiceError: UNAUTHENTICATED, RESOURCE_EXHAUSTED,
         PERMISSION_DENIED or INVALID_ARGUMENT (no collection where one is required)."""
-        key = self._authenticate(metadata)
-        self._limit(key)
+        keys = self._keys  # one set for the whole check, whatever a reload does meanwhile
+        key = self._authenticate(keys, metadata)
+        self._limit(keys, key)
         try:
             self._authorise(key, method, request)
         except ServiceError as exc:
             outcome = "permission_denied" if exc.code == grpc.StatusCode.PERMISSION_DENIED else "invalid"
-            AUTH_REQUESTS.labels(self.service, key.name, outcome).inc()
+            AUTH_REQUESTS.labels(self.service, key.id, outcome).inc()
             raise
-        AUTH_REQUESTS.labels(self.service, key.name, "ok").inc()
+        AUTH_REQUESTS.labels(self.service, key.id, "ok").inc()
         return key
 
-    def _authenticate(self, metadata: Iterable[tuple[str, Any]] | None) -> ApiKey:
+    def _authenticate(self, keys: _KeySet, metadata: Iterable[tuple[str, Any]] | None) -> ApiKey:
         try:
             presented = credential_from(metadata)
         except ServiceError:
             AUTH_REQUESTS.labels(self.service, NO_KEY_LABEL, "unauthenticated").inc()
             raise
-        key = self.store.match(presented) if presented and len(presented) <= MAX_KEY_CHARS else None
+        key = keys.store.match(presented) if presented and len(presented) <= MAX_KEY_CHARS else None
         if key is None:
             AUTH_REQUESTS.labels(self.service, NO_KEY_LABEL, "unauthenticated").inc()
             raise unauthenticated(MISSING_KEY if not presented else INVALID_KEY)
         return key
 
-    def _limit(self, key: ApiKey) -> None:
-        bucket = self.buckets.get(key.name)
+    def _limit(self, keys: _KeySet, key: ApiKey) -> None:
+        bucket = keys.buckets.get(key.digest)
         wait = bucket.take() if bucket is not None else 0.0
         if wait > 0:
             assert key.rate is not None
-            AUTH_REQUESTS.labels(self.service, key.name, "rate_limited").inc()
+            AUTH_REQUESTS.labels(self.service, key.id, "rate_limited").inc()
             raise resource_exhausted(
                 f"API key {key.name!r} is over its rate limit ({key.rate.per_second:g}/s, burst "
                 f"{key.rate.burst}): retry in {max(wait, 0.001):.3f}s"
@@ -344,6 +429,11 @@ class Guard:
             raise permission_denied(f"API key {key.name!r} may not {rule.action} {what}")
 
 
+def default_rate_of(settings: MeshSettings) -> Rate | None:
+    """The rate of keys whose entry sets none (None: unlimited)."""
+    return Rate.of(settings.api_key_rate_per_s, settings.api_key_burst or None)
+
+
 def guard_for(service: str, rules: Mapping[str, Rule], settings: MeshSettings) -> Guard | None:
     """The guard of a service with access rules, or None when no keys file is configured (auth
     off, said once at start) or the service declares no rules (an internal one)."""
@@ -355,8 +445,7 @@ def guard_for(service: str, rules: Mapping[str, Rule], settings: MeshSettings) -
             "every collection (local development only)"
         )
         return None
-    default_rate = Rate.of(settings.api_key_rate_per_s, settings.api_key_burst or None)
-    keys = load_keys(settings.api_keys_file, default_rate)
+    keys = load_keys(settings.api_keys_file, default_rate_of(settings))
     if not keys:
         log.warning("the API keys file lists no keys: every call will be refused")
     log.info(

@@ -33,7 +33,7 @@ from tenacity import (
 
 from meshkit import tracing
 from meshkit.addresses import grpc_target
-from meshkit.interceptors import deadline_var
+from meshkit.interceptors import MAX_DEADLINE_S, deadline_var
 from meshkit.logs import REQUEST_ID_HEADER, current_request_id, new_request_id
 from meshkit.metrics import BREAKER_STATE, CLIENT_CALLS, CLIENT_RETRIES
 from meshkit.settings import MeshSettings
@@ -156,13 +156,14 @@ class BreakerMetrics(pybreaker.CircuitBreakerListener):
 
 def remaining_budget(timeout: float | None) -> float:
     """Timeout for an outgoing call: the requested one, cut to what is left of the inbound
-    call's deadline."""
+    call's deadline, and never beyond MAX_DEADLINE_S: grpc's client fails a call at once whose
+    deadline it cannot represent (see meshkit.interceptors)."""
     budget = timeout
     deadline = deadline_var.get()
     if deadline is not None:
         left = deadline - time.monotonic() - DEADLINE_MARGIN_S
         budget = left if budget is None else min(budget, left)
-    return budget if budget is not None else 3600.0
+    return min(budget, MAX_DEADLINE_S) if budget is not None else 3600.0
 
 
 class Downstream(Generic[StubT]):

@@ -22,7 +22,8 @@ from grpc import aio
 
 from meshkit import tracing
 from meshkit.auth import Guard, principal_var
-from meshkit.errors import ServiceError
+from meshkit.decoding import Undecodable, decoding_checked, log_undecodable, safe_deserializer
+from meshkit.errors import ServiceError, invalid_argument
 from meshkit.identity import IdentityGuard
 from meshkit.logs import (
     REQUEST_ID_HEADER,
@@ -37,6 +38,19 @@ log = logging.getLogger("meshkit.rpc")
 
 # Absolute monotonic deadline of the call being served, so outgoing calls can inherit it.
 deadline_var: contextvars.ContextVar[float | None] = contextvars.ContextVar("deadline", default=None)
+
+# The longest deadline a call is served under; a caller's longer one is cut to it. grpc-timeout
+# carries up to 99999999 hours, but grpc's Python client turns an outgoing deadline into int64
+# nanoseconds since the epoch, which overflow past the year 2262: a downstream call given the
+# rest of such a deadline expires at once (DEADLINE_EXCEEDED, nothing sent). No call of the mesh
+# comes near a day.
+MAX_DEADLINE_S = 24 * 3600.0
+
+
+def clamp_deadline(seconds: float | None) -> float | None:
+    """Seconds of a deadline, at most MAX_DEADLINE_S (None, no deadline, stays None)."""
+    return None if seconds is None else min(seconds, MAX_DEADLINE_S)
+
 
 _QUIET_METHODS = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
@@ -63,7 +77,7 @@ class _CallTokens:
 def _begin(context: aio.ServicerContext, service: str = "", method: str = "") -> _CallTokens:
     metadata = context.invocation_metadata()
     rid = _request_id_from(metadata)
-    remaining = context.time_remaining()
+    remaining = clamp_deadline(context.time_remaining())
     deadline = time.monotonic() + remaining if remaining is not None else None
     # The caller is set by the guards; blank until then, and reset with the rest after the call.
     return _CallTokens(
@@ -103,27 +117,32 @@ class MeshServerInterceptor(aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if handler is None or method.startswith(_QUIET_METHODS):
+        if handler is None:
             return handler
         short = method.rsplit("/", 1)[-1]
+        if method.startswith(_QUIET_METHODS):
+            return decoding_checked(handler, short)
+        # grpc decodes the request before the handler runs, and answers a decoding error with
+        # UNKNOWN and the exception's class: the wrapped deserializer hands the handler a marker.
+        deserializer = safe_deserializer(handler.request_deserializer, short)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(handler.unary_unary, short),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
                 # grpc-stubs types stream handlers as sync iterators; under grpc.aio they are async.
                 self._wrap_stream(cast(Callable[..., AsyncIterator[Any]], handler.unary_stream), short),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if self.guard is not None or self.identity is not None:
             # The checks run in the wrapper around a unary request; no method of the mesh streams
             # its request, and one that did is refused rather than served unchecked.
             return _refused(handler, short)
-        return handler
+        return decoding_checked(handler, short)
 
     def _authorise(self, method: str, request: Any, context: aio.ServicerContext) -> None:
         if self.identity is not None:
@@ -133,6 +152,14 @@ class MeshServerInterceptor(aio.ServerInterceptor):
         key = self.guard.check(method, request, context.invocation_metadata())
         principal_var.set(key)
         api_key_name_var.set(key.name)
+
+    @staticmethod
+    def _refuse_undecodable(method: str, request: Any) -> None:
+        """INVALID_ARGUMENT for a request that did not decode (see meshkit.decoding), before the
+        caller checks: like an oversized message, it is refused before anything reads it."""
+        if isinstance(request, Undecodable):
+            log_undecodable(method, request)
+            raise invalid_argument(request.caller_message)
 
     def _finish(self, method: str, code: grpc.StatusCode, started: float, detail: str = "") -> None:
         elapsed = time.perf_counter() - started
@@ -176,6 +203,7 @@ class MeshServerInterceptor(aio.ServerInterceptor):
             RPC_IN_FLIGHT.labels(self.service).inc()
             try:
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id_var.get()),))
+                self._refuse_undecodable(method, request)
                 self._authorise(method, request, context)
                 response = await behavior(request, context)
                 self._finish(method, context.code() or grpc.StatusCode.OK, started)
@@ -199,6 +227,7 @@ class MeshServerInterceptor(aio.ServerInterceptor):
             RPC_IN_FLIGHT.labels(self.service).inc()
             try:
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id_var.get()),))
+                self._refuse_undecodable(method, request)
                 self._authorise(method, request, context)
                 async for item in behavior(request, context):
                     yield item

@@ -9,7 +9,9 @@ grpc.aio server bound with SO_REUSEPORT, so the kernel spreads incoming connecti
 - Only stateless services may do this (``ServiceSpec.multiprocess_safe``): the index, sparse and
   ingestion services own a data directory or consumer state per process.
 - The port must be fixed: with port 0 each worker would get a different one.
-- Worker i serves /metrics on ``metrics_port + i`` (when metrics_port is set); scrape each.
+- Worker i serves /metrics on ``metrics_port + i`` (when metrics_port is set); scrape each. Under
+  RAGMESH_SERVICE_AUTH=mtls each is HTTPS requiring a metrics reader's mesh certificate, as a
+  single process's is (meshkit.tls.metrics_tls).
 - SIGTERM/SIGINT to the supervisor are passed on to every worker, which drain as a single process
   does; the supervisor waits for them (shutdown grace plus a margin, then SIGKILL).
 - A worker that exits on its own takes the group down: the supervisor stops the others and exits

@@ -24,13 +24,15 @@ from grpc_health.v1._async import HealthServicer as AioHealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from meshkit.auth import Guard, Rule, guard_for
+from meshkit.decoding import DecodingInterceptor
 from meshkit.identity import MESH_IDENTITIES, Callers, IdentityGuard, describe
 from meshkit.interceptors import MeshServerInterceptor
+from meshkit.keyreload import KeysReloader, reloader_for
 from meshkit.logs import configure_logging
 from meshkit.metrics import start_metrics_server
 from meshkit.prefork import WorkerGroup, check_workers, exit_when_orphaned, metrics_port_of
 from meshkit.settings import MeshSettings
-from meshkit.tls import TLSConfigError, bind, own_identity, server_mode
+from meshkit.tls import TLSConfigError, bind, metrics_tls, own_identity, server_mode
 from meshkit.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger("meshkit.server")
@@ -122,14 +124,18 @@ class RunningService:
         health_servicer: AioHealthServicer,
         port: int,
         health_server: aio.Server | None = None,
+        keys_reloader: KeysReloader | None = None,
     ):
         self.spec = spec
         self.server = server
         self.health = health_servicer
         self.port = port
         self.health_server = health_server
+        self.keys_reloader = keys_reloader
 
     async def stop(self, grace: float) -> None:
+        if self.keys_reloader is not None:
+            await self.keys_reloader.stop()
         await self.health.enter_graceful_shutdown()
         log.info("draining", extra={"grace_s": grace})
         await self.server.stop(grace)
@@ -176,7 +182,11 @@ async def _start_health_port(settings: MeshSettings, health_servicer: AioHealthS
     """The plaintext health-only port (settings.health_port), for probes without a certificate."""
     if settings.health_port <= 0:
         return None
-    server = aio.server(options=[("grpc.so_reuseport", 1 if settings.workers > 1 else 0)])
+    server = aio.server(
+        # No access log for probes, but an undecodable one is INVALID_ARGUMENT, not UNKNOWN.
+        interceptors=[DecodingInterceptor()],
+        options=[("grpc.so_reuseport", 1 if settings.workers > 1 else 0)],
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if server.add_insecure_port(f"{settings.host}:{settings.health_port}") == 0:
         raise RuntimeError(f"could not bind the health port {settings.host}:{settings.health_port}")
@@ -205,6 +215,10 @@ async def start_service(spec: ServiceSpec, settings: MeshSettings) -> RunningSer
     if port == 0:
         raise RuntimeError(f"could not bind {settings.host}:{settings.port}")
     await server.start()
+    # Each serving process (a pre-fork worker too) watches the keys file on its own.
+    keys_reloader = reloader_for(guard, settings)
+    if keys_reloader is not None:
+        keys_reloader.start()
     health_server = await _start_health_port(settings, health_servicer)
     for name in ["", *spec.grpc_services]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -219,9 +233,10 @@ async def start_service(spec: ServiceSpec, settings: MeshSettings) -> RunningSer
             "max_concurrent_rpcs": concurrency_limit(spec, settings),
             "max_request_bytes": request_limit(settings, spec.max_request_bytes),
             "health_port": settings.health_port or None,
+            "api_keys_reload_s": settings.api_keys_reload_s if keys_reloader is not None else None,
         },
     )
-    return RunningService(spec, server, health_servicer, port, health_server)
+    return RunningService(spec, server, health_servicer, port, health_server, keys_reloader)
 
 
 def log_task_stacks() -> None:
@@ -276,7 +291,7 @@ def run_service(spec: ServiceSpec, settings: MeshSettings) -> None:
         raise SystemExit(f"error: {exc}") from None
     if settings.workers > 1 and settings.worker_index is None:
         raise SystemExit(WorkerGroup(settings).run())
-    start_metrics_server(metrics_port_of(settings), settings.host)
+    start_metrics_server(metrics_port_of(settings), settings.host, metrics_tls(settings))
     # After the pre-fork branch: each serving process exports its own spans.
     configure_tracing(spec.name, settings)
     try:

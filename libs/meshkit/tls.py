@@ -16,6 +16,7 @@ a channel opened and go nowhere but to gRPC.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,8 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from meshkit.identity import certificate_identity
+from meshkit.identity import OPS, certificate_identity
+from meshkit.metrics import MetricsTLS
 from meshkit.settings import MeshSettings
 
 
@@ -116,6 +118,61 @@ def bind(server: aio.Server, address: str, settings: MeshSettings, public: bool 
     if credentials is None:
         return server.add_insecure_port(address)
     return server.add_secure_port(address, credentials)
+
+
+# ------------------------------------------------------------------------------- /metrics
+
+# A scrape-only identity: its certificate reads metrics and calls nothing (no gRPC method admits
+# it), so a monitoring system need not hold ops, which may call every method of the mesh.
+METRICS_SCRAPER = "prometheus"
+METRICS_READERS = frozenset({OPS, METRICS_SCRAPER})
+
+
+def _mesh_client_ca(settings: MeshSettings) -> Path:
+    client_ca = settings.tls_client_ca_file or settings.tls_ca_file
+    if client_ca is None:
+        raise TLSConfigError("RAGMESH_SERVICE_AUTH=mtls needs the mesh CA: RAGMESH_TLS_CA_FILE")
+    return client_ca
+
+
+def _metrics_context(cert: Path, key: Path, client_ca: Path) -> ssl.SSLContext:
+    # Read through _read first: a missing or empty file is named, as for the gRPC port.
+    for path, what in ((cert, "TLS certificate"), (key, "TLS key"), (client_ca, "client CA bundle")):
+        _read(path, what)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.verify_mode = ssl.CERT_REQUIRED
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError:
+        raise TLSConfigError(
+            f"the TLS certificate {str(cert)!r} and key {str(key)!r} are not a PEM key pair"
+        ) from None
+    try:
+        context.load_verify_locations(cafile=client_ca)
+    except ssl.SSLError:
+        raise TLSConfigError(f"the client CA bundle {str(client_ca)!r} holds no PEM certificate") from None
+    return context
+
+
+def der_identity(der: bytes) -> str | None:
+    """The mesh identity of a DER certificate (as ssl hands over a verified peer's)."""
+    return certificate_identity(ssl.DER_cert_to_PEM_cert(der).encode("ascii"))
+
+
+def metrics_tls(settings: MeshSettings) -> MetricsTLS | None:
+    """How the /metrics port is protected: None (plaintext HTTP) with service_auth off; under
+    mtls, HTTPS with the process's own certificate that requires a client certificate from the
+    mesh CA (a caller without one fails the handshake) naming one of METRICS_READERS."""
+    if settings.service_auth != "mtls":
+        return None
+    pair = _pair(
+        settings.tls_cert_file, settings.tls_key_file, "RAGMESH_TLS_CERT_FILE and RAGMESH_TLS_KEY_FILE"
+    )
+    if pair is None:
+        raise TLSConfigError(MESH_CERT_MISSING)
+    context = _metrics_context(*pair, _mesh_client_ca(settings))
+    return MetricsTLS(context, der_identity, METRICS_READERS)
 
 
 # ------------------------------------------------------------------------------- client side

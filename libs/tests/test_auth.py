@@ -7,6 +7,7 @@ import hmac
 import io
 import json
 import logging
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from meshkit.auth import (
     digest_of,
     guard_for,
     key_entry,
+    key_id,
     new_api_key,
     parse_keys,
 )
@@ -251,7 +253,7 @@ def test_readable_filters_by_the_current_caller() -> None:
         auth.principal_var.reset(token)
 
 
-def test_outcomes_are_counted_by_key_name() -> None:
+def test_outcomes_are_counted_by_key_id_never_by_name() -> None:
     def count(key: str, outcome: str) -> float:
         labels = {"service": "svc-count", "key": key, "outcome": outcome}
         return REGISTRY.get_sample_value("ragmesh_auth_requests_total", labels) or 0.0
@@ -261,9 +263,30 @@ def test_outcomes_are_counted_by_key_name() -> None:
     for metadata, request in ((bearer("nope"), Req("docs")), (bearer(READER_KEY), Req("hr"))):
         with pytest.raises(ServiceError):
             guard.check("Search", request, metadata)
-    assert count("reader", "ok") == 1
+    reader = KEYS[0].id
+    assert count(reader, "ok") == 1
     assert count("-", "unauthenticated") == 1
-    assert count("reader", "permission_denied") == 1
+    assert count(reader, "permission_denied") == 1
+    assert count("reader", "ok") == 0
+    labels = {
+        sample.labels["key"]
+        for metric in REGISTRY.collect()
+        if metric.name == "ragmesh_auth_requests"
+        for sample in metric.samples
+        if sample.labels.get("service") == "svc-count"
+    }
+    assert labels == {reader, "-"}
+
+
+def test_key_ids_come_from_the_digest_and_reveal_neither_it_nor_the_name() -> None:
+    reader = KEYS[0]
+    digest = digest_of(READER_KEY)
+    assert reader.id == key_id(digest) == key_id(digest.upper()) == key_id(digest.encode())
+    assert re.fullmatch(r"kid_[0-9a-f]{12}", reader.id)
+    # A hash of the digest: not a piece of it, nor of the key, nor the name.
+    assert reader.id[4:] not in digest and reader.id[4:] not in READER_KEY and "reader" not in reader.id
+    assert reader.id != KEYS[1].id
+    assert reader.id in repr(reader) and digest not in repr(reader)
 
 
 # ----------------------------------------------------------------------------- rate limits

@@ -33,7 +33,7 @@ from services.gateway.answer_text import (
     selection_facts,
     snippet_facts,
 )
-from services.gateway.degradations import ERROR, REASON_OF, Degradation
+from services.gateway.degradations import DEGENERATE_OUTPUT, ERROR, REASON_OF, Degradation
 from services.gateway.judge import SentenceJudge
 from services.gateway.metrics import ms
 from services.gateway.search import Searcher, SearchOutcome
@@ -51,6 +51,10 @@ GATE_REASON = "no sentence of the passages read answers this question"
 OFF_TOPIC_REASON = "no passage of the collection is about this question"
 # How many of the words no document holds a refusal names.
 REFUSAL_TERMS = 5
+# The narrator's reason for a sentence it dropped because a phrase loops in it (narrator.v1
+# Rejected.reason), and how much of the first such sentence a degradation quotes.
+DEGENERATE = "degenerate"
+DEGENERATE_QUOTE_CHARS = 80
 
 
 def gate_refusal(selection: Selection, unknown_terms: Sequence[str], floor: float) -> str:
@@ -132,6 +136,22 @@ def _degradation(stage: str, target: str, reason_text: str) -> Degradation:
     return Degradation(
         stage, REASON_OF.get(reason.strip(), ERROR), target, reason_text if not detail else detail.strip()
     )
+
+
+def degenerate_output(answer: narrator_pb2.Answer, target: str) -> Degradation | None:
+    """The narrator dropped sentences of the model's answer because a phrase looped in them
+    (degenerate generation): a typed degradation, even when the rest of the answer stands, so
+    a caller sees that the model misbehaved (a reply with no sentence left also gets the
+    narrator's invalid_output one, for the extractive answer that replaced it)."""
+    dropped = [r.text for r in answer.rejected if r.reason == DEGENERATE]
+    if not dropped:
+        return None
+    first = dropped[0]
+    if len(first) > DEGENERATE_QUOTE_CHARS:
+        first = first[: DEGENERATE_QUOTE_CHARS - 1].rstrip() + "\u2026"
+    count = f"{len(dropped)} sentence{'s' if len(dropped) > 1 else ''}"
+    message = f'{count} of the answer dropped for a phrase looping (degenerate generation): "{first}"'
+    return Degradation(NARRATOR, DEGENERATE_OUTPUT, target, message)
 
 
 def _from_error(stage: str, exc: DownstreamError) -> Degradation:
@@ -408,6 +428,9 @@ class Asker:
                         degradations.append(
                             _degradation(NARRATOR, narrator.target, event.answer.degraded_reason)
                         )
+                    looping = degenerate_output(event.answer, narrator.target)
+                    if looping is not None:
+                        degradations.append(looping)
                     yield event.answer
                     return
                 yield event.delta

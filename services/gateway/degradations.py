@@ -14,6 +14,8 @@ PLANNER, EMBEDDER, INDEX, SPARSE, HYDE = "planner", "embedder", "index", "sparse
 INDEX_PAYLOAD = "index_payload"
 UNAVAILABLE, DEADLINE, BREAKER_OPEN, ERROR = "unavailable", "deadline", "breaker_open", "error"
 INVALID_OUTPUT = "invalid_output"
+# The stage's model looped (a phrase repeated over and over); its looping sentences were dropped.
+DEGENERATE_OUTPUT = "degenerate_output"
 # DownstreamError.reason (and the LLM stages' fallback reasons) -> degradation reason
 # ("rejected": the downstream refused our request, which is our error to report, not its health).
 REASON_OF = {
@@ -21,6 +23,7 @@ REASON_OF = {
     "deadline": DEADLINE,
     "breaker_open": BREAKER_OPEN,
     "invalid_output": INVALID_OUTPUT,
+    "degenerate_output": DEGENERATE_OUTPUT,
 }
 
 

@@ -30,6 +30,7 @@ from services.gateway.collections import CollectionResolver
 from services.gateway.degradations import (
     BREAKER_OPEN,
     DEADLINE,
+    DEGENERATE_OUTPUT,
     EMBEDDER,
     ERROR,
     HYDE,
@@ -63,6 +64,7 @@ REASON_PB = {
     BREAKER_OPEN: gateway_pb2.DEGRADATION_REASON_BREAKER_OPEN,
     ERROR: gateway_pb2.DEGRADATION_REASON_ERROR,
     INVALID_OUTPUT: gateway_pb2.DEGRADATION_REASON_INVALID_OUTPUT,
+    DEGENERATE_OUTPUT: gateway_pb2.DEGRADATION_REASON_DEGENERATE_OUTPUT,
 }
 FALLBACK_PB = {INDEX_PAYLOAD: gateway_pb2.FALLBACK_INDEX_PAYLOAD}
 # Legs in the order responses list them.

@@ -17,6 +17,7 @@ from meshkit.ids import (
     validate_chunk_id,
     validate_collection,
 )
+from meshkit.interceptors import clamp_deadline
 from meshkit.metadata import Clause, InvalidFilter, clauses_from_pb, source_problem
 from meshkit.replog import write_timeout
 from meshkit.server import ServiceSpec
@@ -131,7 +132,7 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             seen.add(value)
 
     def _timeout(self, context: aio.ServicerContext) -> float:
-        return write_timeout(context.time_remaining(), self.settings.store_write_timeout_s)
+        return write_timeout(clamp_deadline(context.time_remaining()), self.settings.store_write_timeout_s)
 
     # ----- RPCs -----
 

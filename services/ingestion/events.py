@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from meshkit.errors import ServiceError
 from meshkit.ids import doc_id_problem, doc_key, validate_collection
 
 Op = Literal["upsert", "delete"]
@@ -19,7 +20,8 @@ DELETE_TARGET = "-"
 
 
 class MalformedEvent(ValueError):
-    pass
+    """An event that is no ingest event; its message, in our words, becomes the dead letter's
+    reason (a parser's own text is its ``__cause__``, for the log)."""
 
 
 @dataclass(frozen=True)
@@ -71,16 +73,18 @@ class IngestEvent:
         try:
             event = cls(**{k: v for k, v in raw.items() if k in known})
         except TypeError as exc:
-            raise MalformedEvent(f"undecodable ingest event: {exc}") from exc
+            raise MalformedEvent(f"undecodable ingest event: {_missing_fields(raw)}") from exc
         if event.op not in ("upsert", "delete"):
             raise MalformedEvent(f"unknown op {str(event.op)[:40]!r}")
         problem = doc_id_problem(event.doc_id) if isinstance(event.doc_id, str) else "doc_id is not a string"
         if problem:
             raise MalformedEvent(problem)
+        if not isinstance(event.collection, str):
+            raise MalformedEvent("collection is not a string")
         try:
             validate_collection(event.collection)
-        except Exception as exc:
-            raise MalformedEvent(str(exc)) from exc
+        except ServiceError as exc:
+            raise MalformedEvent(exc.message) from exc
         if not isinstance(event.metadata, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in event.metadata.items()
         ):
@@ -94,8 +98,15 @@ class IngestEvent:
         try:
             raw = json.loads(data)
         except ValueError as exc:
-            raise MalformedEvent(f"undecodable ingest event: {exc}") from exc
+            raise MalformedEvent("undecodable ingest event: not JSON") from exc
         return cls.from_dict(raw)
+
+
+def _missing_fields(raw: dict[str, Any]) -> str:
+    """Which required fields an event lacks (the dataclass's TypeError says so in Python's words)."""
+    required = [f.name for f in fields(IngestEvent) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in required if name not in raw]
+    return f"{', '.join(missing)} missing" if missing else "fields of the wrong kind"
 
 
 def new_request_id() -> str:

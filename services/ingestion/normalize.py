@@ -18,7 +18,9 @@ import pdfplumber
 from bs4 import BeautifulSoup, Comment, Doctype, NavigableString, Tag
 from bs4.exceptions import ParserRejectedMarkup
 from markdownify import ATX, MarkdownConverter
+from pdfminer.pdfdocument import PDFEncryptionError
 from pdfminer.pdftypes import resolve1
+from pdfplumber.utils.exceptions import PdfminerException
 
 from meshkit.formats import detect_format as detect_format  # re-exported: the service imports it here
 from meshkit.front_matter import split_front_matter
@@ -76,17 +78,33 @@ _HTML_BLANK_RUN_RE = re.compile(r"[\t \r\n]+")
 # Soft hyphenation at a line end: "exam-\nple" -> "example".
 _HYPHENATED_BREAK_RE = re.compile(r"(\w)-\n([a-z])")
 _MAX_TITLE_CHARS = 512
-_MAX_ERROR_DETAIL_CHARS = 200
+_MAX_ERROR_DETAIL_CHARS = 500
 # How many lines at the top and bottom of a PDF page may be running headers/footers.
 _PDF_MARGIN_LINES = 2
 
 
 class DocumentError(Exception):
-    """The document cannot be processed, and never will be: a permanent failure."""
+    """The document cannot be processed, and never will be: a permanent failure. ``reason``
+    is shown to callers (status, dead letters) and is in our words; ``detail``, a parser's own
+    exception and text, is for the worker's log only."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.detail = detail
+
+
+# Why a parser refused a document, in our words: the parsers' own texts ("No /Root object! - Is
+# this really a PDF?", "expected name token at '<![<!'") name their internals and quote bytes.
+PDF_DAMAGED = "unparseable PDF: the file is damaged or is not a PDF"
+PDF_ENCRYPTED = "unparseable PDF: the file is encrypted or forbids text extraction"
+HTML_UNPARSEABLE = "unparseable HTML: the markup could not be parsed"
+# What Python's UTF-8 decoder says (UnicodeDecodeError.reason), in our words.
+_UTF8_PROBLEMS = {
+    "invalid start byte": "no character starts with this byte",
+    "invalid continuation byte": "a character is cut short",
+    "unexpected end of data": "the text ends inside a character",
+}
 
 
 # Metadata keys a document's own text may give it (front matter, tags); a caller's keys are
@@ -163,10 +181,17 @@ def _decode_text(content: bytes) -> str:
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError as e:
+        problem = _UTF8_PROBLEMS.get(e.reason, "not a UTF-8 sequence")
         raise DocumentError(
-            f"document is not valid UTF-8: byte 0x{content[e.start]:02x} at offset {e.start} ({e.reason})"
+            f"document is not valid UTF-8: byte 0x{content[e.start]:02x} at offset {e.start} ({problem})",
+            detail=_detail(e),
         ) from None
     return text.removeprefix("\ufeff")
+
+
+def _detail(exc: BaseException) -> str:
+    """A parser's exception as the log shows it."""
+    return f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_DETAIL_CHARS]
 
 
 def _tidy(text: str) -> str:
@@ -298,8 +323,7 @@ def _html_to_markdown(html: str) -> tuple[str, str]:
     try:
         soup = BeautifulSoup(html, "html.parser")
     except ParserRejectedMarkup as e:
-        detail = str(e).strip().splitlines()[-1].strip()
-        raise DocumentError(f"unparseable HTML: {detail}"[:_MAX_ERROR_DETAIL_CHARS]) from None
+        raise DocumentError(HTML_UNPARSEABLE, detail=_detail(e)) from None
     found_title = _html_title(soup)
     for element in soup.find_all(_HTML_DROP_TAGS):
         element.decompose()
@@ -360,8 +384,7 @@ def _pdf_to_markdown(content: bytes, max_pages: int) -> tuple[str, str]:
     except DocumentError:
         raise
     except Exception as e:  # pdfminer raises a zoo of types for malformed files
-        detail = f"{type(e).__name__}: {e}"[:_MAX_ERROR_DETAIL_CHARS]
-        raise DocumentError(f"unparseable PDF: {detail}") from None
+        raise _pdf_failure(e) from None
     pages = _drop_page_furniture(pages)
     text = "\n\n".join("\n".join(lines) for lines in pages if lines)
     text = _HYPHENATED_BREAK_RE.sub(r"\1\2", text)
@@ -369,6 +392,18 @@ def _pdf_to_markdown(content: bytes, max_pages: int) -> tuple[str, str]:
     if not markdown.strip():
         raise DocumentError("unparseable PDF: no extractable text (a scanned image?)")
     return markdown, found_title
+
+
+def _pdf_failure(exc: Exception) -> Exception:
+    """What a parser's exception says of the PDF. pdfplumber wraps pdfminer's in a
+    PdfminerException; running out of memory or stack is no fault of the file's structure and
+    stays what it is (the sandbox names the limit that was reached)."""
+    wrapped = exc.args[0] if isinstance(exc, PdfminerException) and exc.args else None
+    cause = wrapped if isinstance(wrapped, BaseException) else exc
+    if isinstance(cause, MemoryError | RecursionError):
+        return cause
+    reason = PDF_ENCRYPTED if isinstance(cause, PDFEncryptionError) else PDF_DAMAGED
+    return DocumentError(reason, detail=_detail(cause))
 
 
 def _declared_page_count(pdf: pdfplumber.PDF) -> int:

@@ -70,6 +70,23 @@ def _location(draft: ChunkDraft) -> common_pb2.ChunkLocation:
     )
 
 
+def _log_preparation_failure(event: IngestEvent, exc: PreparationFailed) -> None:
+    """What a parser said of a document goes here, tagged with the document and its request
+    (the log line also carries the batch's request id): never into the document's reason."""
+    if not exc.detail:
+        return
+    log.warning(
+        "document could not be prepared",
+        extra={
+            "collection": event.collection,
+            "doc_id": event.doc_id,
+            "ingest_request_id": event.request_id,
+            "reason": exc.reason,
+            "detail": exc.detail,
+        },
+    )
+
+
 class IngestPipeline:
     def __init__(
         self,
@@ -184,6 +201,7 @@ class IngestPipeline:
             # this process (its event loop, heartbeat and other documents).
             prepared = await self.sandbox.prepare(content, event.format, event.title)
         except PreparationFailed as exc:
+            _log_preparation_failure(event, exc)
             # Not permanent only when this worker stopped its children (shutting down): the
             # document is not at fault, another worker will prepare it.
             raise JobFailure(exc.reason, permanent=exc.permanent, transient=not exc.permanent) from exc

@@ -67,12 +67,15 @@ class PreparedDocument:
 
 
 class PreparationFailed(Exception):
-    """The document could not be prepared. ``permanent``: the same bytes will fail again."""
+    """The document could not be prepared. ``permanent``: the same bytes will fail again.
+    ``reason`` is in our words (it becomes the document's status and dead-letter reason);
+    ``detail`` is what a parser or the process said, for the worker's log only."""
 
-    def __init__(self, reason: str, *, permanent: bool) -> None:
+    def __init__(self, reason: str, *, permanent: bool, detail: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.permanent = permanent
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,15 @@ class _Request:
     cpu_budget_s: float
 
 
-# What a child sends back: ("ok", PreparedDocument) or ("failed", reason, permanent).
+# What a child sends back: ("ok", PreparedDocument) or ("failed", reason, permanent, detail).
 _Reply = tuple[Any, ...]
+# A parser raised something not known to be the document's fault (a bug, ours or its).
+UNEXPECTED_FAILURE = "document preparation failed unexpectedly (a document parser raised an error)"
+NO_PROCESS = "no document preparation process could be started"
+
+
+def _failed(reason: str, permanent: bool, detail: str = "") -> _Reply:
+    return ("failed", reason, permanent, detail)
 
 
 def prepare_document(request: _Request, chunker: Chunker) -> PreparedDocument:
@@ -139,7 +149,8 @@ class DocumentSandbox:
         if reply[0] == "ok":
             prepared: PreparedDocument = reply[1]
             return prepared
-        raise PreparationFailed(reply[1], permanent=reply[2])
+        _status, reason, permanent, detail = reply
+        raise PreparationFailed(reason, permanent=permanent, detail=detail)
 
     async def close(self) -> None:
         self._closed = True
@@ -216,7 +227,7 @@ class _Child:
             try:
                 self.ensure_running()
             except Exception as exc:
-                return ("failed", f"no document preparation process: {type(exc).__name__}", False)
+                return _failed(NO_PROCESS, False, f"{type(exc).__name__}: {exc}"[:_MAX_DETAIL_CHARS])
             assert self._conn is not None
             try:
                 self._conn.send(request)
@@ -227,8 +238,7 @@ class _Child:
                 return self._failed_child(request)
             self._kill()
             self._restart()
-            return (
-                "failed",
+            return _failed(
                 f"processing took more than {wall_limit_s:.0f} s of wall-clock time "
                 f"(the budget is {request.cpu_budget_s:g} s of CPU); the document was abandoned",
                 True,
@@ -238,7 +248,7 @@ class _Child:
         """The reply for a child that died mid-document (and a fresh child in its place)."""
         if self._stopped:
             # Killed by stop(): the worker is shutting down, the document is not at fault.
-            return ("failed", "document preparation was stopped (the worker is shutting down)", False)
+            return _failed("document preparation was stopped (the worker is shutting down)", False)
         assert self._process is not None
         try:
             code = self._process.wait(_STOP_TIMEOUT_S)
@@ -247,15 +257,14 @@ class _Child:
         self._kill()
         self._restart()
         if code == -signal.SIGXCPU:
-            return (
-                "failed",
+            return _failed(
                 f"processing took more than {request.cpu_budget_s:g} s of CPU "
                 "(ingest_document_cpu_budget_s); the document was abandoned",
                 True,
             )
         how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         log.error("document preparation process died", extra={"exit": how})
-        return ("failed", f"document processing crashed ({how}); the document was abandoned", True)
+        return _failed(f"document processing crashed ({how}); the document was abandoned", True)
 
     def _restart(self) -> None:
         # The next document should not pay for the start; a failure here is retried then.
@@ -318,15 +327,15 @@ def _run(request: _Request, chunker: Chunker, memory_bytes: int) -> _Reply:
     try:
         return ("ok", prepare_document(request, chunker))
     except DocumentError as exc:
-        return ("failed", exc.reason, True)
+        return _failed(exc.reason, True, exc.detail)
     except MemoryError:
-        return ("failed", f"processing needs more than {memory_bytes // 2**20} MiB of memory", True)
+        return _failed(f"processing needs more than {memory_bytes // 2**20} MiB of memory", True)
     except RecursionError:
-        return ("failed", "document is nested too deeply to process", True)
+        return _failed("document is nested too deeply to process", True)
     except Exception as exc:
-        # A bug on our side or in a parser, not known to be the document's fault: retried.
-        detail = f"{type(exc).__name__}: {exc}"[:_MAX_DETAIL_CHARS]
-        return ("failed", f"document preparation failed unexpectedly ({detail})", False)
+        # A bug on our side or in a parser, not known to be the document's fault: retried. Its
+        # text goes back for the worker's log (this process has no log of its own).
+        return _failed(UNEXPECTED_FAILURE, False, f"{type(exc).__name__}: {exc}"[:_MAX_DETAIL_CHARS])
 
 
 def _limit_cpu(budget_s: float) -> None:

@@ -234,6 +234,8 @@ class IngestWorker:
         try:
             event = IngestEvent.from_bytes(msg.data)
         except MalformedEvent as exc:
+            # A parser's text (json's) stays in this log; the letter's reason is ours.
+            log.warning("malformed event", extra={"reason": str(exc), "detail": repr(exc.__cause__)})
             await self._dead_letter(msg, None, f"malformed event: {exc}", 1)
             return None
         key = event.key

@@ -29,6 +29,13 @@ def serve(settings: LLMServerSettings) -> None:
         params.cpuparams.n_threads = settings.llm_server_threads
     if settings.llm_server_api_key:
         params.api_keys = [settings.llm_server_api_key]
+    # Nothing in the mesh uses the web UI (served without the key), the slot endpoints (they show
+    # and save prompts in flight), the settings endpoint (which changes the server) or llama.cpp's
+    # own metrics.
+    params.ui = False
+    params.endpoint_slots = False
+    params.endpoint_props = False
+    params.endpoint_metrics = False
     server = xllamacpp.Server(params)
     log.info(
         "llm server listening",

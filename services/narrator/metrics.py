@@ -39,3 +39,8 @@ LOOPS_STOPPED = Counter(
     "ragmesh_narrator_loops_stopped_total",
     "LLM answers stopped early because they began repeating themselves.",
 )
+DEGENERATE_HELD_BACK = Counter(
+    "ragmesh_narrator_degenerate_held_back_total",
+    "Looping phrases (degenerate generation) held back from the streamed text; their sentences "
+    "are dropped from the answer.",
+)

@@ -35,6 +35,9 @@ class RejectReason(StrEnum):
     UNSUPPORTED = "unsupported"
     # The same sentence again (small models loop).
     REPEATED = "repeated"
+    # A phrase looping in it or across sentences, or the sentence a looping reply was cut in
+    # (degenerate generation, see degenerate.py).
+    DEGENERATE = "degenerate"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The narration pipeline: stream the LLM's answer, verify it, and fall back to the extractive
 answer whenever the LLM's is unusable. Emits the visible text as it comes (str) and then exactly
-one Answer, always last, whatever happened on the way."""
+one Answer, always last, whatever happened on the way. A phrase looping in the text is held back
+from the stream (degenerate.RepeatGate) and its sentence dropped by verification."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from meshkit.settings import NarratorSettings
 from services.narrator import metrics
 from services.narrator.compose import build_messages, prompt_facts
 from services.narrator.contradictions import find_contradictions
+from services.narrator.degenerate import RepeatGate
 from services.narrator.envelope import VisibleText
 from services.narrator.extractive import extractive_answer
 from services.narrator.model import (
@@ -135,24 +137,29 @@ class Narrator:
         )
         parts: list[str] = []
         visible = VisibleText()
+        gate = RepeatGate()
         loop_watch = LoopWatch()
+        looped = False
         try:
             async with contextlib.aclosing(self._stream(messages, request.max_tokens)) as stream:
                 async for chunk in stream:
                     parts.append(chunk)
-                    text = visible.feed(chunk)
+                    text = gate.feed(visible.feed(chunk))
                     if text:
                         yield text
                     if loop_watch.feed(chunk):
                         metrics.LOOPS_STOPPED.inc()
+                        looped = True
                         break
         except LLMError as exc:
             yield self._fallback(request, exc.reason, exc.message)
             return
-        tail = visible.flush()
+        tail = gate.feed(visible.flush()) + gate.flush()
         if tail:
             yield tail
-        yield await self._verified(request, "".join(parts))
+        if gate.found:
+            metrics.DEGENERATE_HELD_BACK.inc(len(gate.found))
+        yield await self._verified(request, "".join(parts), looped)
 
     async def _stream(self, messages: Messages, max_tokens: int) -> AsyncGenerator[str, None]:
         """The LLM's deltas under the inbound deadline; every failure, a deadline or a broken
@@ -182,7 +189,7 @@ class Narrator:
             if isinstance(stream, AsyncGenerator):
                 await stream.aclose()
 
-    async def _verified(self, request: NarrationInput, reply: str) -> Answer:
+    async def _verified(self, request: NarrationInput, reply: str, looped: bool) -> Answer:
         settings = self.settings
         result = verify(
             reply,
@@ -190,6 +197,7 @@ class Narrator:
             support_texts(request.facts),
             settings.narrator_min_support,
             settings.narrator_bind_support,
+            looped=looped,
         )
         if not result.sentences:
             if result.not_found:

@@ -4,7 +4,10 @@ Every sentence must cite, by number, a source the request gave and be supported 
 source's facts; anything else is dropped and reported. A sentence the model left uncited is
 bound to the source whose facts hold most of its content words, when they hold enough of them
 (small models follow "cite every sentence" loosely; what they wrote may still be grounded), and
-dropped otherwise. The reply's envelope and reasoning are taken off first (see envelope.py)."""
+dropped otherwise. A sentence in which a phrase loops ("high-end, high-end, high-end"), the
+sentence a looping reply was stopped in, and sentences that loop together are dropped as
+degenerate (see degenerate.py). The reply's envelope and reasoning are taken off first (see
+envelope.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from meshkit.answering import cited_numbers, content_words, coverage, split_sentences, strip_citations
+from services.narrator.degenerate import first_repeat, looping_sentences, words
 from services.narrator.envelope import clean_output
 from services.narrator.model import Fact, Rejection, RejectReason, Sentence, SupportCheck
 
@@ -105,23 +109,44 @@ def bind(sentence: str, supports: Mapping[int, str], min_coverage: float) -> int
     return best
 
 
+def is_unfinished(sentence: str) -> bool:
+    """Whether ``sentence`` (its citations aside) lacks final punctuation: cut mid-way."""
+    return _final_punctuation_start(strip_citations(sentence)) is None
+
+
 def verify(
-    text: str, source_count: int, supports: Mapping[int, str], min_support: float, bind_support: float
+    text: str,
+    source_count: int,
+    supports: Mapping[int, str],
+    min_support: float,
+    bind_support: float,
+    *,
+    looped: bool = False,
 ) -> Verification:
     """The model's reply (``text``, as written) checked sentence by sentence against the request's
     ``source_count`` sources and ``supports`` (see support_texts); uncited sentences are bound at
-    ``bind_support`` (see bind)."""
+    ``bind_support`` (see bind). ``looped``: the reply was stopped because it had started
+    repeating itself, so an unfinished last sentence is where the loop was cut."""
     kept: list[Sentence] = []
+    kept_words: list[list[str]] = []
     rejected: list[Rejection] = []
     said: set[str] = set()
     not_found = False
-    for sentence in answer_sentences(clean_output(text)):
+    sentences = answer_sentences(clean_output(text))
+    for index, sentence in enumerate(sentences):
         if is_not_found_marker(sentence):
             not_found = True
             continue
         body = normalised(sentence)
         if body in said:
             rejected.append(Rejection(sentence, RejectReason.REPEATED))
+            continue
+        if looped and index == len(sentences) - 1 and is_unfinished(sentence):
+            rejected.append(Rejection(sentence, _cut_in_loop(body, said)))
+            continue
+        tokens = words(sentence)
+        if first_repeat(tokens) is not None:
+            rejected.append(Rejection(sentence, RejectReason.DEGENERATE))
             continue
         said.add(body)
         numbers = cited_numbers(sentence)
@@ -139,7 +164,30 @@ def verify(
             rejected.append(Rejection(sentence, reason))
             continue
         kept.append(Sentence(with_citation(sentence, valid), tuple(valid), SupportCheck.LEXICAL, support))
-    return Verification(kept, rejected, not_found)
+        kept_words.append(tokens)
+    kept, looping = _without_looping(kept, kept_words)
+    return Verification(kept, rejected + looping, not_found)
+
+
+def _cut_in_loop(body: str, said: set[str]) -> RejectReason:
+    """Why the sentence a looping reply was stopped in goes: the start of a sentence said
+    before (the reply was saying it again), or else a loop within itself, cut mid-way."""
+    if any(earlier.startswith(body) for earlier in said):
+        return RejectReason.REPEATED
+    return RejectReason.DEGENERATE
+
+
+def _without_looping(
+    kept: list[Sentence], kept_words: list[list[str]]
+) -> tuple[list[Sentence], list[Rejection]]:
+    """The kept sentences (and their words) less those looping together: a phrase repeating
+    across sentence boundaries, though no sentence repeats it alone (the whole answer checked
+    as one text)."""
+    looping = looping_sentences(kept_words)
+    if not looping:
+        return kept, []
+    dropped = [Rejection(s.text, RejectReason.DEGENERATE) for i, s in enumerate(kept) if i in looping]
+    return [s for i, s in enumerate(kept) if i not in looping], dropped
 
 
 def _rejection(

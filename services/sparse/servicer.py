@@ -13,7 +13,7 @@ from grpc import aio
 from meshkit.errors import deadline_exceeded, invalid_argument, resource_exhausted
 from meshkit.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
 from meshkit.ids import document_page, validate_chunk_id, validate_collection, validate_doc_id
-from meshkit.interceptors import deadline_var
+from meshkit.interceptors import clamp_deadline, deadline_var
 from meshkit.metadata import InvalidFilter, clauses_from_pb, source_problem
 from meshkit.replog import write_timeout
 from meshkit.server import ServiceSpec
@@ -51,7 +51,7 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
             raise RuntimeError("sparse_exact_mode is 'ripgrep' but no rg binary was found")
 
     def _timeout(self, context: aio.ServicerContext) -> float:
-        return write_timeout(context.time_remaining(), self.settings.store_write_timeout_s)
+        return write_timeout(clamp_deadline(context.time_remaining()), self.settings.store_write_timeout_s)
 
     # --- writes: validated here, then through the replicated log (SparseStore) ---
 

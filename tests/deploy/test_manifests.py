@@ -229,6 +229,33 @@ def _plain_nats(docs: Docs) -> None:
             d["data"]["RAGMESH_NATS_STREAM_REPLICAS"] = "1"
 
 
+def _metrics_annotated_http(docs: Docs) -> None:
+    annotations = _workload(docs, "embedder")["spec"]["template"]["metadata"]["annotations"]
+    del annotations["prometheus.io/scheme"]
+
+
+def _scraper_key_in_a_pod(docs: Docs) -> None:
+    spec = _workload(docs, "gateway")["spec"]["template"]["spec"]
+    spec["volumes"].append({"name": "scrape", "secret": {"secretName": "ragmesh-tls-prometheus"}})
+
+
+def _metrics_open_in_namespace(docs: Docs) -> None:
+    """Every pod of the namespace to every metrics port, both ways (egress is denied too)."""
+    docs.append(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "metrics-debug", "namespace": "ragmesh"},
+            "spec": {
+                "podSelector": {},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{"from": [{"podSelector": {}}], "ports": [{"port": 9090}]}],
+                "egress": [{"to": [{"podSelector": {}}], "ports": [{"port": 9090}]}],
+            },
+        }
+    )
+
+
 MUTATIONS: dict[str, tuple[Callable[[Docs], None], str]] = {
     "published gateway without keys": (_no_api_keys, "needing no API key"),
     "published gateway without TLS": (_no_mesh_tls, "serving without TLS"),
@@ -244,6 +271,15 @@ MUTATIONS: dict[str, tuple[Callable[[Docs], None], str]] = {
     "one NATS server": (_one_nats, "nats: 1 server(s)"),
     "NATS without users": (_nats_open, "no users (authorization)"),
     "NATS in plaintext, unreplicated streams": (_plain_nats, "RAGMESH_NATS_URL is not tls://"),
+    "metrics annotated as plain HTTP": (
+        _metrics_annotated_http,
+        "embedder is annotated for scraping over plain",
+    ),
+    "Prometheus's key in a pod": (_scraper_key_in_a_pod, "gateway mounts another identity's key"),
+    "metrics open to the namespace": (
+        _metrics_open_in_namespace,
+        "an unlabelled pod of the namespace may connect to embedder:9090",
+    ),
 }
 
 

@@ -22,6 +22,7 @@ KUBECTL = ROOT / ".venv/bin/kubectl"
 
 make_secrets = load_deploy_module("make_secrets")
 check_manifests = load_deploy_module("check_manifests")
+scraper_cert = load_deploy_module("scraper_cert")
 users = load_deploy_module("base/s3/users")
 
 
@@ -46,6 +47,7 @@ def good_pki(directory: Path) -> TestCA:
         ca.issue(identity, k8s_names(identity))
     ca.issue("nats", k8s_names("nats"), ips=())
     ca.issue("s3", ["s3", *k8s_names("minio")], ips=())
+    scraper_cert.write_scraper_cert(directory, days=1)  # Prometheus's, beside them
     return ca
 
 
@@ -87,6 +89,11 @@ def test_makes_every_secret_the_manifests_use(tmp_path: Path, api_keys: Path) ->
                     assert key in made[name]["data"], f"{overlay}: {pod.name} needs {name}/{key}"
     tls = made["ragmesh-tls-index"]
     assert tls["type"] == "kubernetes.io/tls" and set(tls["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    # Prometheus's scrape certificate goes to Prometheus's namespace, where it is mounted.
+    scraper = made["ragmesh-tls-prometheus"]
+    assert scraper["metadata"]["namespace"] == "monitoring" and scraper["type"] == "kubernetes.io/tls"
+    assert set(scraper["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert scraper["data"]["ca.crt"] == tls["data"]["ca.crt"]
     nats = made["ragmesh-nats-ingestion-worker"]["data"]
     assert base64.b64decode(nats["RAGMESH_NATS_USER"]) == b"ingestion-worker"  # the nats.conf user
     keys = {
@@ -126,6 +133,12 @@ def test_credentials_are_kept_across_runs(tmp_path: Path, api_keys: Path) -> Non
             "nats-route-name",
             r"nats certificate does not name nats-1\.nats\.ragmesh\.svc\.cluster\.local, nats-2",
         ),
+        ("no-own-name", "the ingestion-worker certificate does not name ingestion-worker"),
+        ("no-scraper", r"no .*prometheus\.crt: make Prometheus's scrape certificate with .*scraper_cert\.py"),
+        (
+            "scraper-is-another-identity",
+            "prometheus certificate lacks the URI SAN spiffe://ragmesh/prometheus",
+        ),
     ],
 )
 def test_refuses_certificates_the_mesh_cannot_use(
@@ -146,8 +159,26 @@ def test_refuses_certificates_the_mesh_cannot_use(
         shutil.copy(ca.dir / "index-bad.key", ca.dir / "index.key")
     elif breakage == "nats-route-name":
         ca.issue("nats", ["nats-0.nats.ragmesh.svc.cluster.local", "*.nats.ragmesh.svc"], ips=())
+    elif breakage == "no-own-name":
+        ca.issue("ingestion-worker", ["localhost"])  # Prometheus verifies it as ingestion-worker
+    elif breakage == "no-scraper":
+        (ca.dir / "prometheus.crt").unlink()
+    elif breakage == "scraper-is-another-identity":
+        # ops' certificate (or any other) in the monitoring namespace: not the scrape-only identity.
+        shutil.copy(ca.dir / "gateway.crt", ca.dir / "prometheus.crt")
+        shutil.copy(ca.dir / "gateway.key", ca.dir / "prometheus.key")
     with pytest.raises(make_secrets.SecretsError, match=message):
         make_secrets.build(tmp_path / "pki", api_keys, tmp_path / "out", "ragmesh")
+
+
+def test_the_scraper_secret_goes_where_prometheus_runs(tmp_path: Path, api_keys: Path) -> None:
+    good_pki(tmp_path / "pki")
+    target = make_secrets.build(tmp_path / "pki", api_keys, tmp_path / "out", "ragmesh", (), "observability")
+    made = load(target)
+    assert made["ragmesh-tls-prometheus"]["metadata"]["namespace"] == "observability"
+    assert {d["metadata"]["namespace"] for n, d in made.items() if n != "ragmesh-tls-prometheus"} == {
+        "ragmesh"
+    }
 
 
 def test_the_gateway_certificate_must_carry_its_public_name(tmp_path: Path, api_keys: Path) -> None:

@@ -5,12 +5,19 @@
 - every service process is a healthy target, and the series the rules use are there;
 - every rule group loads and evaluates without error, and the recording rules produce series
   from the stack's own traffic (a search through the gateway);
-- killing a process makes RagmeshTargetDown go pending for exactly that process.
+- killing a process makes RagmeshTargetDown go pending for exactly that process;
+- the scrape jobs shipped for Kubernetes (deploy/prometheus/scrape-kubernetes.yml) scrape a
+  metrics port served as a pod serves it (RAGMESH_SERVICE_AUTH=mtls: HTTPS requiring a mesh
+  client certificate) with the scraper's certificate, and fail without one or with another
+  identity's. (The local stack above is a plain one: its ports are plaintext HTTP.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
+import importlib.util
 import json
 import shutil
 import signal
@@ -25,6 +32,10 @@ from typing import Any
 import pytest
 import yaml
 
+from meshkit.metrics import serve_metrics
+from meshkit.pki import PKIFiles, write_pki
+from meshkit.settings import MeshSettings
+from meshkit.tls import metrics_tls
 from ragmesh.gateway.v1 import gateway_pb2 as gw
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh_cli import procutil
@@ -41,6 +52,8 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy/prometheus/ragmesh-rules.yml"
+K8S_SCRAPE = ROOT / "deploy/prometheus/scrape-kubernetes.yml"
+SCRAPER_CERT = ROOT / "deploy/k8s/scraper_cert.py"
 SERVICES = ["embedder", "index", "sparse", "planner", "reranker", "ingestion", "gateway", "worker"]
 COLLECTION = "scraped"
 
@@ -86,32 +99,41 @@ class Prometheus:
         raise AssertionError(f"{what}: not after {timeout}s (last: {last})")
 
 
+@contextlib.contextmanager
+def running_prometheus(state_dir: Path, config: dict[str, Any]) -> Iterator[Prometheus]:
+    """A Prometheus on 127.0.0.1 with ``config``, its data and log in ``state_dir``."""
+    path = state_dir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    port = procutil.free_ports(1)[0]
+    argv = [
+        "prometheus",
+        f"--config.file={path}",
+        f"--storage.tsdb.path={state_dir / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    with (state_dir / "prometheus.log").open("wb") as log:
+        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        prometheus = Prometheus(port)
+        prometheus.wait_for("prometheus ready", lambda: _ready(prometheus), timeout=30)
+        yield prometheus
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
 @pytest.fixture(scope="module")
 def scraped_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Prometheus]]:
     state_dir = tmp_path_factory.mktemp("scraped")
-    with Stack(state_dir, workers=1, services=SERVICES, index_shards=2) as stack:
-        config = state_dir / "prometheus.yml"
-        config.write_text(yaml.safe_dump(scrape_config(stack, RULES)), encoding="utf-8")
-        port = procutil.free_ports(1)[0]
-        argv = [
-            "prometheus",
-            f"--config.file={config}",
-            f"--storage.tsdb.path={state_dir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ]
-        with (state_dir / "prometheus.log").open("wb") as log:
-            server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            prometheus = Prometheus(port)
-            prometheus.wait_for("prometheus ready", lambda: _ready(prometheus), timeout=30)
-            yield stack, prometheus
-        finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+    with (
+        Stack(state_dir, workers=1, services=SERVICES, index_shards=2) as stack,
+        running_prometheus(state_dir, scrape_config(stack, RULES)) as prometheus,
+    ):
+        yield stack, prometheus
 
 
 def _ready(prometheus: Prometheus) -> bool:
@@ -213,3 +235,102 @@ def _search_through_the_gateway(stack: Stack, searches: int) -> None:
             await mesh.close()
 
     asyncio.run(search())
+
+
+# ------------------------------------------------------------------------------- Kubernetes' jobs
+
+
+def _write_scraper_cert(pki: Path) -> None:
+    # deploy/k8s/scraper_cert.py is a script, run as a file (as the README has it).
+    spec = importlib.util.spec_from_file_location("ragmesh_scraper_cert", SCRAPER_CERT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.write_scraper_cert(pki, days=1)
+
+
+def _local_job(job: dict[str, Any], name: str, port: int, files: dict[str, Path | None]) -> dict[str, Any]:
+    """A shipped job aimed at 127.0.0.1:port instead of discovered pods (the relabelling keeps
+    pods by their Kubernetes labels, so it goes too), its Secret's files replaced by ``files``
+    (None: left out)."""
+    local = copy.deepcopy(job)
+    local["job_name"] = name
+    del local["kubernetes_sd_configs"], local["relabel_configs"]
+    local["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
+    tls = dict(local["tls_config"])
+    for field, path in files.items():
+        if path is None:
+            del tls[field]
+        else:
+            tls[field] = str(path)
+    local["tls_config"] = tls
+    return local
+
+
+@pytest.fixture(scope="module")
+def pod_like_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PKIFiles, int]]:
+    """An index's metrics port as its pod serves it, with the README's PKI (``ragmesh certs new
+    --namespace ragmesh``, then scraper_cert.py)."""
+    pki = write_pki(tmp_path_factory.mktemp("k8s") / "pki", namespace="ragmesh", days=1)
+    _write_scraper_cert(pki.directory)
+    settings = MeshSettings(
+        service_auth="mtls",
+        tls_cert_file=pki.cert("index"),
+        tls_key_file=pki.key("index"),
+        tls_ca_file=pki.ca_cert,
+    )
+    server = serve_metrics(0, "127.0.0.1", metrics_tls(settings))
+    try:
+        yield pki, int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_kubernetes_scrape_job_scrapes_mtls_metrics_with_the_scraper_certificate(
+    pod_like_metrics: tuple[PKIFiles, int], tmp_path: Path
+) -> None:
+    pki, port = pod_like_metrics
+    shipped = yaml.safe_load(K8S_SCRAPE.read_text(encoding="utf-8"))["scrape_configs"]
+    job = next(j for j in shipped if j["job_name"] == "ragmesh-index")
+    ca = {"ca_file": pki.ca_cert}
+    jobs = [
+        _local_job(
+            job,
+            "ragmesh-index",
+            port,
+            {**ca, "cert_file": pki.cert("prometheus"), "key_file": pki.key("prometheus")},
+        ),
+        _local_job(job, "no-client-cert", port, {**ca, "cert_file": None, "key_file": None}),
+        _local_job(
+            job,
+            "another-identity",
+            port,
+            {**ca, "cert_file": pki.cert("embedder"), "key_file": pki.key("embedder")},
+        ),
+    ]
+    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": jobs}
+    with running_prometheus(tmp_path, config) as prometheus:
+
+        def settled() -> dict[str, dict[str, Any]]:
+            targets = {t["labels"]["job"]: t for t in prometheus.get("/api/v1/targets")["activeTargets"]}
+            return (
+                targets
+                if len(targets) == 3 and all(t["health"] != "unknown" for t in targets.values())
+                else {}
+            )
+
+        targets = prometheus.wait_for("every target scraped once", settled, timeout=30)
+        assert targets["ragmesh-index"]["health"] == "up", targets["ragmesh-index"]["lastError"]
+        assert targets["ragmesh-index"]["scrapeUrl"].startswith("https://")
+        # The scrape read this process's registry (prometheus_client's own families are in it).
+        assert prometheus.wait_for(
+            "scraped series", lambda: prometheus.query('python_info{job="ragmesh-index"}')
+        )
+        # Refused at the handshake: "remote error: tls: certificate required", or, when the
+        # server's alert loses the race with the request Prometheus writes, a reset connection.
+        assert targets["no-client-cert"]["health"] == "down"
+        refusal = targets["no-client-cert"]["lastError"]
+        assert "tls" in refusal or "connection reset" in refusal, refusal
+        assert targets["another-identity"]["health"] == "down"
+        assert "403" in targets["another-identity"]["lastError"]

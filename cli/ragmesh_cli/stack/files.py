@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import json
 import secrets
+import ssl
 from pathlib import Path
+from typing import Any
 
+from meshkit.natsconn import inbox_prefix
 from ragmesh_cli import procutil
 from ragmesh_cli.natsconf import nats_config, write_nats_config
 from ragmesh_cli.procutil import LOOPBACK
 from ragmesh_cli.secure import SecureMaterial
+from ragmesh_cli.stack import objectstore_security
 from ragmesh_cli.stack.spec import Component
 
 CREDENTIALS_FILE = "s3-credentials.json"
 S3_CONFIG_FILE = "s3-config.json"
 NATS_CONFIG_FILE = "nats.conf"
+S3_DATA_DIR = "s3"
+# Under the secure material's folder: SeaweedFS's own CA, certificate, JWT keys, security.toml.
+OBJECTSTORE_SECURITY_DIR = "seaweedfs"
 
 
 def s3_credentials(state_dir: Path) -> dict[str, str]:
@@ -55,7 +62,9 @@ def nats_argv(state_dir: Path, comp: Component, material: SecureMaterial | None)
     data.mkdir(parents=True, exist_ok=True)
     config = nats_config(
         comp.port,
-        comp.ports["monitor"],
+        # A secure stack opens no monitoring port: NATS cannot put credentials on it, and it
+        # lists connections, subjects and streams; readiness asks the server as ops instead.
+        None if material is not None else comp.ports["monitor"],
         data,
         tls=material.server_tls("nats") if material is not None else None,
         passwords=material.nats_passwords() if material is not None else None,
@@ -64,14 +73,29 @@ def nats_argv(state_dir: Path, comp: Component, material: SecureMaterial | None)
     return [procutil.find_binary("nats-server"), "-c", str(path)]
 
 
+def nats_login(material: SecureMaterial, address: str, user: str) -> dict[str, Any]:
+    """nats.connect's options for ``user`` of a secure stack: TLS verified against the mesh CA,
+    the user's password and reply inbox."""
+    return {
+        "servers": [f"tls://{address}"],
+        "user": user,
+        "password": material.nats_passwords()[user],
+        "inbox_prefix": inbox_prefix(user),
+        "tls": ssl.create_default_context(cafile=str(material.pki.ca_cert)),
+    }
+
+
 def weed_argv(state_dir: Path, comp: Component, material: SecureMaterial | None) -> list[str]:
     """``weed mini`` on the component's ports, with the S3 identities config (and HTTPS when secure)."""
-    data = state_dir / "s3"
+    data = state_dir / S3_DATA_DIR
     data.mkdir(parents=True, exist_ok=True)
     config = write_s3_config(state_dir, s3_credentials(state_dir), material)
     p = comp.ports
-    argv = [
-        procutil.find_binary("weed"),
+    argv = [procutil.find_binary("weed")]
+    if material is not None:
+        # Its internal ports: mTLS and JWTs with keys of this start alone (objectstore_security).
+        argv.append(f"-config_dir={objectstore_security.prepare(material.root / OBJECTSTORE_SECURITY_DIR)}")
+    argv += [
         "mini",
         f"-dir={data}",
         f"-ip={LOOPBACK}",

@@ -34,6 +34,34 @@ async def probe_nats(monitor_port: int) -> str:
     return await probe_http(f"http://{LOOPBACK}:{monitor_port}/healthz?js-enabled-only=true")
 
 
+async def _ignore_nats_error(_exc: Exception) -> None:
+    """A probe reports what it saw; the client's own error log would only repeat it."""
+
+
+async def probe_nats_client(options: dict[str, Any]) -> str:
+    """Health of a NATS server without a monitoring port: log in (``options``: nats.connect's
+    servers, credentials and TLS) and ask JetStream for the account's limits."""
+    import nats
+
+    try:
+        nc = await nats.connect(
+            **options,
+            connect_timeout=1,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            error_cb=_ignore_nats_error,
+        )
+    except Exception:
+        return UNREACHABLE
+    try:
+        await nc.jetstream(timeout=1.0).account_info()
+    except Exception:
+        return "NOT_SERVING (JetStream)"
+    finally:
+        await nc.close()
+    return SERVING
+
+
 async def probe_http(url: str) -> str:
     import httpx
 
@@ -58,7 +86,16 @@ def s3_client(endpoint: str, access_key: str, secret_key: str, ca: Path | None =
     )
 
 
+# Written and deleted once per bucket when the stack starts (make_buckets).
+WARMUP_OBJECT = ".ragmesh-volume-warmup"
+
+
 def make_buckets(endpoint: str, access_key: str, secret_key: str, ca: Path | None) -> None:
+    """Create the stack's buckets, and make SeaweedFS create each bucket's first volume now: it
+    writes a new volume's info file world-readable whatever the umask, so the supervisor takes
+    those bits off right after (``Stack``), rather than leaving them to the first document."""
+    import io
+
     from minio.error import S3Error
 
     client = s3_client(endpoint, access_key, secret_key, ca)
@@ -66,6 +103,9 @@ def make_buckets(endpoint: str, access_key: str, secret_key: str, ca: Path | Non
         try:
             if not client.bucket_exists(bucket):
                 client.make_bucket(bucket)
+            # One byte: an empty object has no chunk, so no volume would be written.
+            client.put_object(bucket, WARMUP_OBJECT, io.BytesIO(b"."), 1)
+            client.remove_object(bucket, WARMUP_OBJECT)
         except S3Error as exc:
             if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise StackError(f"could not create the bucket {bucket}: {exc.code}") from None
@@ -100,10 +140,15 @@ async def probe_component(
     comp: Component,
     s3_key: Callable[[], tuple[str, str, Path | None]],
     client_tls: Callable[[], Any],
+    nats_login: Callable[[], dict[str, Any] | None],
 ) -> str:
     """Health of one component: SERVING, NOT_SERVING..., UNREACHABLE. ``s3_key`` gives the
-    supervisor's (access key, secret key, CA) for S3, ``client_tls`` its gRPC TLS (None: plaintext)."""
+    supervisor's (access key, secret key, CA) for S3, ``client_tls`` its gRPC TLS (None: plaintext),
+    ``nats_login`` its NATS connection options (None: the open monitoring port answers)."""
     if comp.kind == NATS:
+        login = nats_login()
+        if login is not None:
+            return await probe_nats_client(login)
         return await probe_nats(comp.ports["monitor"])
     if comp.kind == S3:
         access, secret, ca = s3_key()

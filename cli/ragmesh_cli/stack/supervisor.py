@@ -18,7 +18,7 @@ from typing import Any
 
 from ragmesh_cli import procutil
 from ragmesh_cli.secure import IDENTITY_OF_KIND, OPS, SERVER_NAME, SecureMaterial, Tenants
-from ragmesh_cli.stack.files import nats_argv, s3_credentials, weed_argv
+from ragmesh_cli.stack.files import S3_DATA_DIR, nats_argv, nats_login, s3_credentials, weed_argv
 from ragmesh_cli.stack.readiness import (
     SERVING,
     check_s3_refuses_wrong_key,
@@ -144,14 +144,16 @@ class Stack:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """Serialise supervisors acting on one state dir (two 'ragmesh up' at once)."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with (self.state_dir / "stack.lock").open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        """Serialise supervisors acting on one state dir (two 'ragmesh up' at once). Meanwhile
+        what the supervisor writes is private (its logs, the state file, folders it makes)."""
+        with procutil.private_umask():
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            with (self.state_dir / "stack.lock").open("a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
 
     # ------------------------------------------------------------------ credentials and env
 
@@ -224,12 +226,19 @@ class Stack:
         creds = self._credentials()
         return creds["access_key"], creds["secret_key"], None
 
-    async def _ensure_buckets(self) -> None:
-        """A secure stack's services may not create buckets: the supervisor (ops) does."""
+    def _nats_login(self) -> dict[str, Any] | None:
+        """How the supervisor logs in to a secure stack's NATS (None: plain, probed by its
+        monitoring port)."""
         if self.secrets is None:
-            return
+            return None
+        return nats_login(self.secrets, self.address(NATS), OPS)
+
+    async def _ensure_buckets(self) -> None:
+        """The supervisor creates the buckets (a secure stack's services may not) and their
+        first volumes, then makes what SeaweedFS wrote private (readiness.make_buckets)."""
         access, secret, ca = self._s3_endpoint_key()
         await asyncio.to_thread(make_buckets, self.address(S3), access, secret, ca)
+        procutil.make_private(self.state_dir / S3_DATA_DIR)
 
     # ------------------------------------------------------------------ topology
 
@@ -256,7 +265,7 @@ class Stack:
 
     async def probe(self, comp: Component) -> str:
         """Health of one component: SERVING, NOT_SERVING..., UNREACHABLE."""
-        return await probe_component(comp, self._s3_endpoint_key, self.client_tls)
+        return await probe_component(comp, self._s3_endpoint_key, self.client_tls, self._nats_login)
 
     def _exit_code(self, comp: Component) -> int | None:
         """The exit code if the component's process is known to have ended, else None."""
@@ -326,7 +335,13 @@ class Stack:
         """Start the stack (or the parts of it that are down) and wait until all is healthy.
         Returns a one-line summary. On failure stops what it started and raises StackError."""
         with self._locked():
+            # State written before the stack kept it private (or copied in) is made private too.
+            procutil.make_private(self.state_dir)
             running = self._adopt_running()
+            # Before the healthy-stack return: a tenant given now gets its key in the file,
+            # which the public services reload without a restart.
+            if self.secrets is not None:
+                self.secrets.prepare()
             if running:
                 statuses = await self.status_async()
                 if all(s.health == SERVING for s in statuses):
@@ -335,8 +350,6 @@ class Stack:
                     )
             else:
                 self.components = self._plan()
-            if self.secrets is not None:
-                self.secrets.prepare()
             self.logs_dir.mkdir(parents=True, exist_ok=True)
             started: list[Component] = []
             try:

@@ -141,6 +141,12 @@ class MeshSettings(BaseSettings):
         description="JSON file of API keys (sha256 digests, collections, rates) checked by the gateway and "
         "the ingestion API; unset: no auth (local development only).",
     )
+    api_keys_reload_s: float = Field(
+        2.0,
+        ge=0,
+        description="How often the gateway and the ingestion API check api_keys_file for changes and load "
+        "them without a restart (an invalid file keeps the previous keys); 0: read at start only.",
+    )
     api_key_rate_per_s: float = Field(
         0.0, ge=0, description="Default requests/s per API key when its entry sets none (0: unlimited)."
     )

@@ -3,7 +3,10 @@ and the tenants' documents indexed in it."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,14 +17,19 @@ from .secure_mesh import ALPHA, ALPHA_DOCS, BETA, BETA_SECRET, BROKEN, start_sec
 
 
 @pytest.fixture(scope="package")
-def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def secure_stack() -> Iterator[Stack]:
+    # Under a folder every local user may enter (pytest's own tmp folders are 0700), so that
+    # only the stack's own permissions keep another user out (test_secure_at_rest.py).
+    parent = Path(tempfile.mkdtemp(prefix="ragmesh-secure-"))
+    parent.chmod(0o755)
     stack: Stack | None = None
     try:
-        stack = start_secure_stack(tmp_path_factory.mktemp("secure"))
+        stack = start_secure_stack(parent / "state")
         yield stack
     finally:
         if stack is not None:
             stack.down()
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="package")

@@ -38,6 +38,7 @@ class DegradationReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEGRADATION_REASON_BREAKER_OPEN: _ClassVar[DegradationReason]
     DEGRADATION_REASON_ERROR: _ClassVar[DegradationReason]
     DEGRADATION_REASON_INVALID_OUTPUT: _ClassVar[DegradationReason]
+    DEGRADATION_REASON_DEGENERATE_OUTPUT: _ClassVar[DegradationReason]
 
 class Fallback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -68,6 +69,7 @@ DEGRADATION_REASON_DEADLINE: DegradationReason
 DEGRADATION_REASON_BREAKER_OPEN: DegradationReason
 DEGRADATION_REASON_ERROR: DegradationReason
 DEGRADATION_REASON_INVALID_OUTPUT: DegradationReason
+DEGRADATION_REASON_DEGENERATE_OUTPUT: DegradationReason
 FALLBACK_UNSPECIFIED: Fallback
 FALLBACK_INDEX_PAYLOAD: Fallback
 ANSWER_MODE_UNSPECIFIED: AnswerMode
