@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from meshkit.answering import coverage
+from meshkit.text.answering import coverage
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli.answer_eval import RATIONALE_COVERAGE, read_rationales
 from ragmesh_cli.channels import gateway_client

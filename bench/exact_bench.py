@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from meshkit.ids import chunk_id_for
+from meshkit.domain.ids import chunk_id_for
 from meshkit.settings import PlannerSettings, SparseSettings
 from ragmesh_cli.datasets import load_dataset
 from services.planner.plan import PlanInput

@@ -28,7 +28,7 @@ async def narrate_once(base_url: str, model: str, timeout: float) -> dict[str, A
     ``base_url`` (RAGMESH_LLM_BASE_URL, as a deployment sets it)."""
     from grpc import aio
 
-    from meshkit.server import start_service
+    from meshkit.rpc.server import start_service
     from meshkit.settings import NarratorSettings
     from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
     from services.narrator.servicer import build_spec

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER
+from meshkit.inference.onnxrt import CPU_PROVIDER, CUDA_PROVIDER
 from meshkit.settings import EmbedderSettings, RerankerSettings
 from services.embedder.model import EmbeddingModel, TextKind
 from services.reranker.model import CrossEncoderModel

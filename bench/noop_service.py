@@ -20,7 +20,7 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
-from meshkit.client import channel_options
+from meshkit.rpc.client import channel_options
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 SERVING = health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING).SerializeToString()

@@ -51,7 +51,7 @@ from bench.peer_load import AsyncSearch, run_tasks, run_threads
 # Answer.chunk_ids holds a system's ranked documents here (every system answers with documents).
 from bench.peers import SyncSearch, build_haystack, build_lancedb, progress, top_documents
 from bench.search_bench import Answer, LoadRun, summary
-from meshkit.ids import sha256_file
+from meshkit.domain.ids import sha256_file
 from meshkit.settings import EmbedderSettings, PlannerSettings
 from ragmesh_cli import metrics
 from ragmesh_cli.channels import gateway_client

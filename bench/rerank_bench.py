@@ -55,7 +55,7 @@ from bench.rerank_workloads import (
     served_spec,
     train_workload,
 )
-from meshkit.server import start_service
+from meshkit.rpc.server import start_service
 from meshkit.settings import GatewaySettings, RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc

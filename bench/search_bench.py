@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from bench.common import cli_ingest, collection_counts, corpus_file
-from meshkit.server import start_service
+from meshkit.rpc.server import start_service
 from meshkit.settings import EmbedderSettings, GatewaySettings, IndexSettings, PlannerSettings, SparseSettings
 from ragmesh_cli.stack import Stack
 from ragmesh_client import AsyncClient, RetryPolicy

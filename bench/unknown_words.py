@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bench import qa
-from meshkit.answering import content_word_list
+from meshkit.text.answering import content_word_list
 from ragmesh_cli.datasets import load_dataset
 from ragmesh_cli.documents import WalkStats, read_corpus
 from services.sparse.schema import query_terms

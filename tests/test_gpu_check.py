@@ -36,7 +36,7 @@ from bench.gpu_stages import (
     StageFailed,
     StageSkipped,
 )
-from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER
+from meshkit.inference.onnxrt import CPU_PROVIDER, CUDA_PROVIDER
 from meshkit.settings import RerankerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -389,7 +389,10 @@ def test_the_onnx_venv_imports_the_gpu_build_before_the_projects(tmp_path: Path)
     own = gpu_envs.site_packages(gpu_envs.venv_python(venv), 30)
     (own / "onnxruntime").mkdir()
     (own / "onnxruntime" / "__init__.py").write_text("SHADOW = True\n")
-    probe = "import onnxruntime, meshkit.onnxrt, tokenizers; print(getattr(onnxruntime, 'SHADOW', False))"
+    probe = (
+        "import onnxruntime, meshkit.inference.onnxrt, tokenizers; "
+        "print(getattr(onnxruntime, 'SHADOW', False))"
+    )
     out = subprocess.run(
         [str(gpu_envs.venv_python(venv)), "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )

@@ -169,6 +169,48 @@ def reachable(graph: Mapping[str, set[str]], start: str) -> set[str]:
     return seen
 
 
+# ---------------------------------------------------------------------------- meshkit's floors
+
+# meshkit's packages, ground floor first: each imports only its own package and those below it
+# (libs/meshkit/README.md). A name not here is a package nobody placed: the test says so.
+MESHKIT_FLOORS = ("settings", "core", "domain", "text", "inference", "rpc", "storage", "replication", "llm")
+
+
+def meshkit_package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def upward_imports(graph: Mapping[str, set[str]], floors: tuple[str, ...]) -> list[str]:
+    """``a -> b`` for every import of a meshkit module from a package above its own."""
+    floor = {name: i for i, name in enumerate(floors)}
+    found = []
+    for module, imported in sorted(graph.items()):
+        own = meshkit_package(module)
+        if not module.startswith("meshkit.") or own is None:
+            continue
+        for target in sorted(imported):
+            other = meshkit_package(target)
+            if target.startswith("meshkit.") and other is not None and floor[other] > floor[own]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_meshkit_packages_import_only_downward() -> None:
+    modules = {m: p for m, p in layered_modules().items() if m.startswith("meshkit")}
+    packages = {meshkit_package(m) for m in modules} - {None}
+    assert packages == set(MESHKIT_FLOORS), f"unplaced packages: {sorted(packages - set(MESHKIT_FLOORS))}"
+    # Every package is a folder with a README saying what it owns and who may import it.
+    for package in MESHKIT_FLOORS:
+        assert (LAYERED_PACKAGES["meshkit"] / package / "README.md").is_file(), package
+    assert not upward_imports(import_graph(modules), MESHKIT_FLOORS)
+
+
+def test_the_floor_check_sees_an_upward_import() -> None:
+    graph = {"meshkit.core.errors": {"meshkit.rpc.tracing"}, "meshkit.rpc.tracing": {"meshkit.core.logs"}}
+    assert upward_imports(graph, MESHKIT_FLOORS) == ["meshkit.core.errors -> meshkit.rpc.tracing"]
+
+
 # ---------------------------------------------------------------------------- module size
 
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from google.protobuf.descriptor import FileDescriptor
 
-from meshkit.identity import (
+from meshkit.domain.ids import MAX_DOC_ID_CHARS, MAX_ITEM_ID_CHARS
+from meshkit.rpc.identity import (
     EMBEDDER,
     EXTRACTOR,
     GATEWAY,
@@ -27,7 +28,6 @@ from meshkit.identity import (
     Callers,
     check_declaration,
 )
-from meshkit.ids import MAX_DOC_ID_CHARS, MAX_ITEM_ID_CHARS
 from meshkit.settings import (
     EmbedderSettings,
     ExtractorSettings,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from meshkit.addresses import grpc_target
+from meshkit.rpc.addresses import grpc_target
 from meshkit.settings import MeshSettings
 from ragmesh_cli.state import read_state
 

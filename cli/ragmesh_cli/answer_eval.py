@@ -34,7 +34,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from meshkit.answering import cited_numbers, coverage
+from meshkit.text.answering import cited_numbers, coverage
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh_cli.ask import MODES, TimedAnswer, stream_ask

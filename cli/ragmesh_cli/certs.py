@@ -1,13 +1,13 @@
 """``ragmesh certs new --dir DIR``: a mesh CA and one key + certificate per service identity
-(meshkit.pki; docs/SECURITY.md). Prints what it wrote (paths and names), never key material."""
+(meshkit.rpc.pki; docs/SECURITY.md). Prints what it wrote (paths and names), never key material."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from meshkit.identity import MESH_IDENTITIES
-from meshkit.pki import INFRA_SERVERS, PKIError, write_pki
+from meshkit.rpc.identity import MESH_IDENTITIES
+from meshkit.rpc.pki import INFRA_SERVERS, PKIError, write_pki
 from ragmesh_cli.documents import InputError
 
 

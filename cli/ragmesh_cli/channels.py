@@ -18,12 +18,12 @@ from typing import Any, cast
 
 from grpc import aio
 
-from meshkit.addresses import grpc_target
-from meshkit.auth import AUTHORIZATION_HEADER
-from meshkit.client import channel_options
+from meshkit.rpc.addresses import grpc_target
+from meshkit.rpc.auth import AUTHORIZATION_HEADER
+from meshkit.rpc.client import channel_options
+from meshkit.rpc.tls import ClientTLS
+from meshkit.rpc.tls import open_channel as open_tls_channel
 from meshkit.settings import ENV_PREFIX, MeshSettings
-from meshkit.tls import ClientTLS
-from meshkit.tls import open_channel as open_tls_channel
 from ragmesh_client import TLS, AsyncClient, RetryPolicy
 
 # Set from --api-key; wins over RAGMESH_API_KEY.

@@ -2,7 +2,7 @@
 files split into one Document per line, and the Documents grouped into request-sized batches.
 
 Pure and synchronous so it is unit-testable; the format detector is passed in (the one the
-ingestion service uses: ``meshkit.formats.detect_format``).
+ingestion service uses: ``meshkit.text.formats.detect_format``).
 """
 
 from __future__ import annotations

@@ -64,9 +64,9 @@ class FolderOptions:
 def load_detector() -> DetectFormat:
     """The ingestion service's own format detection, so the CLI and the service agree."""
     try:
-        from meshkit.formats import detect_format
+        from meshkit.text.formats import detect_format
     except ImportError as exc:
-        raise RuntimeError(f"format detection is unavailable (meshkit.formats: {exc})") from exc
+        raise RuntimeError(f"format detection is unavailable (meshkit.text.formats: {exc})") from exc
     detector: DetectFormat = detect_format
     return detector
 

@@ -3,8 +3,8 @@
 - ``add``, ``list``, ``revoke`` edit a keys file in place: the local secure stack's
   (``<state_dir>/secure/api-keys.json``) or, with ``--file``, any deployment's (the file a
   Kubernetes Secret is made from). Every write is locked, validated with the services' own parser
-  and atomic (meshkit.keysfile); the gateway and the ingestion API reload the file while running
-  (meshkit.keyreload), so a change is in force within ``api_keys_reload_s`` without a restart.
+  and atomic (meshkit.rpc.keysfile); the gateway and the ingestion API reload the file while running
+  (meshkit.rpc.keyreload), so a change is in force within ``api_keys_reload_s`` without a restart.
   ``add`` prints the new key once: only its digest is stored.
 - ``new`` mints a key and prints the entry to paste into a file; ``check`` validates a file.
 
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshkit.auth import ALL, KeysFileError, Rate, key_entry, key_id, load_keys, new_api_key
-from meshkit.errors import ServiceError
-from meshkit.ids import validate_collection
-from meshkit.keysfile import Entry, LockedKeysFile, read_entries
+from meshkit.core.errors import ServiceError
+from meshkit.domain.ids import validate_collection
+from meshkit.rpc.auth import ALL, KeysFileError, Rate, key_entry, key_id, load_keys, new_api_key
+from meshkit.rpc.keysfile import Entry, LockedKeysFile, read_entries
 from meshkit.settings import MeshSettings
 from ragmesh_cli.documents import InputError
 from ragmesh_cli.secure import SecureMaterial

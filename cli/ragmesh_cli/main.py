@@ -85,7 +85,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         replicas=replicas if replicas is not None else recorded.get("replicas", {}),
         processes=processes if processes is not None else recorded.get("processes", {}),
         secure=args.secure or bool(recorded.get("secure")),
-        # Every service appends its spans to the one file (meshkit.tracing).
+        # Every service appends its spans to the one file (meshkit.rpc.tracing).
         extra_env={"RAGMESH_TRACE_FILE": str(args.trace_file.absolute())} if args.trace_file else None,
     )
     print(f"starting the stack in {state_dir} ...", file=sys.stderr)

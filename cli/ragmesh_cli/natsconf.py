@@ -9,7 +9,7 @@ stream on three servers.
 
 A secure stack adds TLS (the server's certificate from the mesh CA) and one user per service
 that talks to NATS, each allowed only the subjects and streams it uses (``USER_GRANTS``), with its
-own reply-inbox prefix (meshkit.natsconn). No user, no connection: there is no anonymous access.
+own reply-inbox prefix (meshkit.storage.natsconn). No user, no connection: there is no anonymous access.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshkit.collections import COLLECTIONS_BUCKET
-from meshkit.identity import GATEWAY, INDEX, INGESTION, INGESTION_WORKER, OPS, SPARSE
-from meshkit.natsconn import inbox_prefix
+from meshkit.domain.collections import COLLECTIONS_BUCKET
+from meshkit.rpc.identity import GATEWAY, INDEX, INGESTION, INGESTION_WORKER, OPS, SPARSE
+from meshkit.storage.natsconn import inbox_prefix
 from ragmesh_cli import procutil
 
 SYNC_INTERVAL = "always"
@@ -85,7 +85,7 @@ USER_GRANTS: dict[str, Grant] = {
         publish=("ragmesh.ingest.>", "ragmesh.dlq.>", *_KV_SUBJECTS),
     ),
     # The gateway reads collection records (embedder, generation) and nothing else: no stream
-    # API that changes or deletes, no KV publish (meshkit.collections).
+    # API that changes or deletes, no KV publish (meshkit.domain.collections).
     GATEWAY: Grant(
         publish=(
             f"$JS.API.STREAM.INFO.KV_{COLLECTIONS_BUCKET}",
@@ -93,7 +93,7 @@ USER_GRANTS: dict[str, Grant] = {
             f"$JS.API.DIRECT.GET.KV_{COLLECTIONS_BUCKET}.>",
         )
     ),
-    # A store appends to its log and wakes its replicas on its tick subject (meshkit.replog).
+    # A store appends to its log and wakes its replicas on its tick subject (meshkit.replication.log).
     INDEX: Grant(
         streams=(INDEX_LOG_STREAM,),
         publish=("ragmesh.log.index.>", "ragmesh.logtick.index.>"),

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from meshkit.fsutil import replace_private
+from meshkit.core.fsutil import replace_private
 
 LOOPBACK = "127.0.0.1"
 # What the stack writes under its state dir is its owner's alone: the documents' text, the

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from meshkit.collections import physical_name
+from meshkit.domain.collections import physical_name
 from ragmesh_cli.addresses import resolve_address
 from ragmesh_cli.channels import ingestion_client
 from ragmesh_cli.state import state_dir_of

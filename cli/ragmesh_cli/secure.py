@@ -1,11 +1,11 @@
 """What a secure local stack (``ragmesh up --secure``, ``Stack(secure=True)``) is made of, kept
 in ``<state_dir>/secure`` (0700, every file 0600) and created on first use:
 
-- ``pki/``: the mesh CA and a certificate per identity (meshkit.pki) and for NATS and S3;
+- ``pki/``: the mesh CA and a certificate per identity (meshkit.rpc.pki) and for NATS and S3;
 - ``credentials.json``: each service's NATS password and S3 key, and the plaintext API keys the
   stack minted (``ops`` for the CLI, plus the tenants it was started with);
 - ``api-keys.json``: the keys file of the gateway and the ingestion API (digests only), which
-  they reload while running (meshkit.keyreload).
+  they reload while running (meshkit.rpc.keyreload).
 
 The keys file belongs to the operator as much as to the stack. ``prepare`` (every ``ragmesh up``
 that starts something) only makes sure that ``ops`` and the tenants the stack is started with
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshkit.auth import ALL, KeysFileError, digest_of, key_entry, new_api_key
-from meshkit.identity import (
+from meshkit.rpc.auth import ALL, KeysFileError, digest_of, key_entry, new_api_key
+from meshkit.rpc.identity import (
     EMBEDDER,
     EXTRACTOR,
     GATEWAY,
@@ -45,8 +45,8 @@ from meshkit.identity import (
     RERANKER,
     SPARSE,
 )
-from meshkit.keysfile import Entry, LockedKeysFile
-from meshkit.pki import INFRA_SERVERS, PKIFiles, write_pki
+from meshkit.rpc.keysfile import Entry, LockedKeysFile
+from meshkit.rpc.pki import INFRA_SERVERS, PKIFiles, write_pki
 from ragmesh_cli import procutil
 from ragmesh_cli.natsconf import USER_GRANTS, ServerTLS
 

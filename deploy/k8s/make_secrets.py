@@ -62,9 +62,9 @@ SERVER_NAMES: dict[str, tuple[str, ...]] = {
     ),
     "minio": ("minio",),
 }
-# The PKI's file name of a server, where `ragmesh certs new` names it otherwise (meshkit.pki).
+# The PKI's file name of a server, where `ragmesh certs new` names it otherwise (meshkit.rpc.pki).
 PKI_FILE = {"minio": "s3"}
-# The scrape-only identity (meshkit.tls.METRICS_SCRAPER): Prometheus's client certificate for the
+# The scrape-only identity (meshkit.rpc.tls.METRICS_SCRAPER): Prometheus's client certificate for the
 # mesh's /metrics ports, in Prometheus's namespace rather than the mesh's.
 SCRAPER = "prometheus"
 SCRAPER_SECRET = f"ragmesh-tls-{SCRAPER}"

@@ -48,7 +48,7 @@ def _calls() -> frozenset[tuple[str, str, int]]:
     calls |= {("ingestion-worker", s, GRPC) for s in ("embedder", "index", "sparse")}
     calls |= {(s, "llm", 8000) for s in ("planner", "extractor", "narrator")}
     calls |= {(s, "nats", 4222) for s in ("ingestion", "ingestion-worker", "index", "sparse", BOOTSTRAP)}
-    # The gateway reads collection records (embedder, serving generation; meshkit.collections).
+    # The gateway reads collection records (embedder, serving generation; meshkit.domain.collections).
     calls |= {("gateway", "nats", 4222)}
     calls |= {("nats", "nats", 6222)}
     calls |= {

@@ -3,10 +3,10 @@
     .venv/bin/python deploy/k8s/scraper_cert.py --pki PKI_DIR [--days 365]
 
 Under RAGMESH_SERVICE_AUTH=mtls every /metrics port requires a client certificate from the mesh
-CA naming a metrics reader (meshkit.tls.METRICS_READERS: ``prometheus`` or ``ops``). ``ops`` may
+CA naming a metrics reader (meshkit.rpc.tls.METRICS_READERS: ``prometheus`` or ``ops``). ``ops`` may
 also call every gRPC method of the mesh, so Prometheus gets an identity of its own instead: CN
 ``prometheus``, URI SAN ``spiffe://ragmesh/prometheus``, client usage only, no DNS name (it is
-never dialled). No gRPC method admits it (meshkit.identity), so its key reads metrics and nothing
+never dialled). No gRPC method admits it (meshkit.rpc.identity), so its key reads metrics and nothing
 else.
 
 This signs with PKI_DIR's ``ca.key``, as ``ragmesh certs new`` does, and writes
@@ -25,9 +25,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from meshkit.identity import spiffe_id
-from meshkit.pki import Issued, PKIFiles, issue, write_pair
-from meshkit.tls import METRICS_SCRAPER
+from meshkit.rpc.identity import spiffe_id
+from meshkit.rpc.pki import Issued, PKIFiles, issue, write_pair
+from meshkit.rpc.tls import METRICS_SCRAPER
 
 
 class ScraperCertError(RuntimeError):

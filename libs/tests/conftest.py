@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from grpc import aio
 
-from meshkit.auth import Rule
-from meshkit.identity import Callers
-from meshkit.interceptors import deadline_var
-from meshkit.logs import current_request_id
-from meshkit.server import RunningService, ServiceSpec, start_service
+from meshkit.core.logs import current_request_id
+from meshkit.rpc.auth import Rule
+from meshkit.rpc.identity import Callers
+from meshkit.rpc.interceptors import deadline_var
+from meshkit.rpc.server import RunningService, ServiceSpec, start_service
 from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 

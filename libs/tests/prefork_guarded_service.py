@@ -10,8 +10,8 @@ import os
 
 from grpc import aio
 
-from meshkit.auth import READ, Rule
-from meshkit.server import ServiceSpec, run_service
+from meshkit.rpc.auth import READ, Rule
+from meshkit.rpc.server import ServiceSpec, run_service
 from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshkit.addresses import grpc_target
-from meshkit.client import ClientPolicy, Downstream
+from meshkit.rpc.addresses import grpc_target
+from meshkit.rpc.client import ClientPolicy, Downstream
 from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 

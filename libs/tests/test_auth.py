@@ -1,4 +1,4 @@
-"""meshkit.auth: keys file, constant-time matching, permissions, rate limits, and (through a real
+"""meshkit.rpc.auth: keys file, constant-time matching, permissions, rate limits, and (through a real
 server) the interceptor hook, the log context and what never reaches a log."""
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from meshkit import auth
-from meshkit.auth import (
+from meshkit.core.errors import ServiceError
+from meshkit.core.logs import JsonFormatter, api_key_name_var
+from meshkit.rpc import auth
+from meshkit.rpc.auth import (
     READ,
     WRITE,
     Guard,
@@ -36,9 +38,7 @@ from meshkit.auth import (
     new_api_key,
     parse_keys,
 )
-from meshkit.errors import ServiceError
-from meshkit.logs import JsonFormatter, api_key_name_var
-from meshkit.server import ServiceSpec, start_service
+from meshkit.rpc.server import ServiceSpec, start_service
 from meshkit.settings import GatewaySettings, IngestionSettings, LLMServerSettings, LLMSettings, MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 
@@ -347,7 +347,7 @@ def test_guard_rate_limits_per_key_with_a_retry_hint() -> None:
 
 def test_guard_for_is_off_without_a_keys_file(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     assert guard_for("internal", {}, MeshSettings(api_keys_file=tmp_path / "ignored.json")) is None
-    with caplog.at_level(logging.WARNING, logger="meshkit.auth"):
+    with caplog.at_level(logging.WARNING, logger="meshkit.rpc.auth"):
         assert guard_for("gateway", RULES, MeshSettings()) is None
     assert "auth is OFF" in caplog.text
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from meshkit.batching import MicroBatcher
-from meshkit.errors import ServiceError
+from meshkit.core.errors import ServiceError
+from meshkit.inference.batching import MicroBatcher
 
 DIM = 4
 NAME = "testbatch"

@@ -12,10 +12,10 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from meshkit.client import ClientPolicy, Downstream, DownstreamError, check_health, remaining_budget
-from meshkit.errors import ServiceError, invalid_argument, unavailable
-from meshkit.interceptors import deadline_var
-from meshkit.logs import REQUEST_ID_HEADER, current_request_id, request_id_var
+from meshkit.core.errors import ServiceError, invalid_argument, unavailable
+from meshkit.core.logs import REQUEST_ID_HEADER, current_request_id, request_id_var
+from meshkit.rpc.client import ClientPolicy, Downstream, DownstreamError, check_health, remaining_budget
+from meshkit.rpc.interceptors import deadline_var
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 
 REQUEST = embedder_pb2.EmbedRequest(texts=["q"])

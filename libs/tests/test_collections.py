@@ -1,11 +1,12 @@
-"""Collection records, generation names and the embedder check (meshkit.collections)."""
+"""Collection records, generation names and the embedder check (meshkit.domain.collections)."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from meshkit.collections import (
+from meshkit.core.errors import ServiceError
+from meshkit.domain.collections import (
     CollectionRecord,
     EmbedderIdentity,
     check_embedder,
@@ -13,7 +14,6 @@ from meshkit.collections import (
     reserved_name_problem,
     split_physical,
 )
-from meshkit.errors import ServiceError
 
 MINI = EmbedderIdentity("all-MiniLM-L6-v2-int8", 384, "8199be6f" + "0" * 56)
 OTHER = EmbedderIdentity("e5-small", 384, "1234abcd" + "0" * 56)

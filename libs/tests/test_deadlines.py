@@ -20,9 +20,9 @@ import pytest
 from grpc import aio
 
 import services.gateway.tests.conftest as gateway_harness
-from meshkit.client import Downstream, remaining_budget
-from meshkit.interceptors import MAX_DEADLINE_S, clamp_deadline, deadline_var
-from meshkit.server import RunningService
+from meshkit.rpc.client import Downstream, remaining_budget
+from meshkit.rpc.interceptors import MAX_DEADLINE_S, clamp_deadline, deadline_var
+from meshkit.rpc.server import RunningService
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.gateway.v1 import gateway_pb2
 

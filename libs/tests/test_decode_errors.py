@@ -1,5 +1,5 @@
 """Requests that do not decode, through real channels to a real grpc.aio server started as the
-services start (meshkit.server): INVALID_ARGUMENT in our words, never grpc's UNKNOWN with a
+services start (meshkit.rpc.server): INVALID_ARGUMENT in our words, never grpc's UNKNOWN with a
 Python class name, for business methods (unary and streamed answers), health and reflection."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from meshkit.auth import READ, Rule, digest_of, new_api_key
-from meshkit.decoding import Undecodable, decode_problem, message_type_of, safe_deserializer
-from meshkit.logs import REQUEST_ID_HEADER, request_id_var
+from meshkit.core.logs import REQUEST_ID_HEADER, request_id_var
+from meshkit.rpc.auth import READ, Rule, digest_of, new_api_key
+from meshkit.rpc.decoding import Undecodable, decode_problem, message_type_of, safe_deserializer
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh_cli.procutil import free_ports
 

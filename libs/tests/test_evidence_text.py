@@ -1,4 +1,4 @@
-"""Evidence sentences (meshkit.evidence_text): prose from real documentation pages, tables as
+"""Evidence sentences (meshkit.text.evidence): prose from real documentation pages, tables as
 whole rows with their header, no code, front matter, shortcodes or HTML; linear time on hostile
 text."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit.evidence_text import evidence_sentences
-from meshkit.front_matter import split_front_matter
-from meshkit.markup import HUGO_SHORTCODES, strip_html_comments, strip_tags
+from meshkit.text.evidence import evidence_sentences
+from meshkit.text.front_matter import split_front_matter
+from meshkit.text.markup import HUGO_SHORTCODES, strip_html_comments, strip_tags
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 GRPC_DOCS = SHARED / "corpora" / "grpc-docs" / "docs"

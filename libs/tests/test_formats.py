@@ -1,4 +1,4 @@
-"""meshkit.formats: the one format detector, light enough for the CLI to import."""
+"""meshkit.text.formats: the one format detector, light enough for the CLI to import."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from meshkit.formats import detect_format
+from meshkit.text.formats import detect_format
 from ragmesh.ingestion.v1 import ingestion_pb2
 
 HEAVY = ("pdfplumber", "pdfminer", "bs4", "markdownify", "services.ingestion.normalize")
@@ -47,7 +47,7 @@ def test_the_normaliser_uses_the_shared_detector() -> None:
 
 
 def test_detection_imports_no_parser() -> None:
-    assert loaded_after("from meshkit.formats import detect_format") == []
+    assert loaded_after("from meshkit.text.formats import detect_format") == []
 
 
 def test_ragmesh_ingest_detects_formats_without_the_normaliser() -> None:

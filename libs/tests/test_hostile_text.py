@@ -1,4 +1,4 @@
-"""Answer text helpers (meshkit.answering) and LLM reply parsing (meshkit.llm_replies) on hostile text:
+"""Answer text helpers (meshkit.text.answering) and LLM reply parsing (meshkit.llm.replies) on hostile text:
 the same results as the patterns they replaced (kept here as oracles), in linear time.
 
 Passages are indexed documents, replies come from a model: both are untrusted, and a quadratic
@@ -17,11 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit import answering, llm_replies
-from meshkit.answering import CITATION, cited_numbers, content_words, split_sentences, strip_citations
-from meshkit.llm import LLMError
-from meshkit.llm_openai import OpenAICompatibleLLM
-from meshkit.llm_replies import extract_json
+from meshkit.llm import replies as llm_replies
+from meshkit.llm.factory import LLMError
+from meshkit.llm.openai_compat import OpenAICompatibleLLM
+from meshkit.llm.replies import extract_json
+from meshkit.text import answering
+from meshkit.text.answering import CITATION, cited_numbers, content_words, split_sentences, strip_citations
 
 from .test_llm import MESSAGES, Answer, FakeServer, Handler, completion, connect
 

@@ -19,10 +19,10 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from meshkit.auth import READ, Rule, key_entry
-from meshkit.client import ClientPolicy, Downstream, check_health
-from meshkit.errors import ServiceError
-from meshkit.identity import (
+from meshkit.core.errors import ServiceError
+from meshkit.rpc.auth import READ, Rule, key_entry
+from meshkit.rpc.client import ClientPolicy, Downstream, check_health
+from meshkit.rpc.identity import (
     EMBEDDER,
     GATEWAY,
     IdentityGuard,
@@ -32,9 +32,9 @@ from meshkit.identity import (
     identity_of_uri,
     peer_identity,
 )
-from meshkit.pki import PKIFiles, issue, write_pki
+from meshkit.rpc.pki import PKIFiles, issue, write_pki
+from meshkit.rpc.tls import ClientTLS, TLSConfigError, open_channel
 from meshkit.settings import MeshSettings
-from meshkit.tls import ClientTLS, TLSConfigError, open_channel
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 
 REQUEST = embedder_pb2.EmbedRequest(texts=["hi"])

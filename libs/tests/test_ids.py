@@ -5,8 +5,8 @@ import collections
 import grpc
 import pytest
 
-from meshkit.errors import ServiceError
-from meshkit.ids import (
+from meshkit.core.errors import ServiceError
+from meshkit.domain.ids import (
     MAX_COLLECTION_CHARS,
     MAX_DOC_ID_CHARS,
     chunk_id_for,

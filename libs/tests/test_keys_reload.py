@@ -1,5 +1,5 @@
-"""Live reload of the API keys file (meshkit.keyreload, Guard.replace_keys) and in-place edits of
-it (meshkit.keysfile): a changed file is in force without a restart, an invalid one is kept out,
+"""Live reload of the API keys file (meshkit.rpc.keyreload, Guard.replace_keys) and in-place edits of
+it (meshkit.rpc.keysfile): a changed file is in force without a restart, an invalid one is kept out,
 a revoked key is refused within the interval, unchanged keys keep their rate-limit buckets, every
 pre-fork worker reloads on its own, and edits are locked, validated and atomic."""
 
@@ -26,13 +26,23 @@ import pytest
 from grpc import aio
 from prometheus_client import REGISTRY
 
-from meshkit import keysfile
-from meshkit.auth import READ, Guard, KeysFileError, Rate, Rule, digest_of, load_keys, new_api_key, parse_keys
-from meshkit.errors import ServiceError
-from meshkit.keyreload import KeysReloader, reloader_for, signature_of
-from meshkit.keysfile import LockedKeysFile, lock_path, read_entries, write_entries
-from meshkit.logs import JsonFormatter
-from meshkit.server import ServiceSpec, start_service
+from meshkit.core.errors import ServiceError
+from meshkit.core.logs import JsonFormatter
+from meshkit.rpc import keysfile
+from meshkit.rpc.auth import (
+    READ,
+    Guard,
+    KeysFileError,
+    Rate,
+    Rule,
+    digest_of,
+    load_keys,
+    new_api_key,
+    parse_keys,
+)
+from meshkit.rpc.keyreload import KeysReloader, reloader_for, signature_of
+from meshkit.rpc.keysfile import LockedKeysFile, lock_path, read_entries, write_entries
+from meshkit.rpc.server import ServiceSpec, start_service
 from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 
@@ -149,7 +159,7 @@ def test_an_invalid_file_is_kept_out_and_logged_without_its_values(keys_path: Pa
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter("test"))
-    logger = logging.getLogger("meshkit.keyreload")
+    logger = logging.getLogger("meshkit.rpc.keyreload")
     logger.addHandler(handler)
     try:
         keys_path.write_text(json.dumps(bad))

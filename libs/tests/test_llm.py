@@ -14,10 +14,10 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import BaseModel
 
-from meshkit import tracing
-from meshkit.llm import LLMError
-from meshkit.llm_openai import OpenAICompatibleLLM
-from meshkit.llm_replies import extract_json, validate_items
+from meshkit.llm.factory import LLMError
+from meshkit.llm.openai_compat import OpenAICompatibleLLM
+from meshkit.llm.replies import extract_json, validate_items
+from meshkit.rpc import tracing
 from meshkit.settings import LLMSettings, MeshSettings
 
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]

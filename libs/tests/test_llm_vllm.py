@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from meshkit.llm import LLMError, make_llm
+from meshkit.llm.factory import LLMError, make_llm
 from meshkit.settings import LLMSettings
 
 

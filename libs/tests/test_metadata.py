@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshkit.metadata import (
+from meshkit.domain.metadata import (
     EQ,
     EXISTS,
     IN,

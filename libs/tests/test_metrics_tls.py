@@ -1,5 +1,5 @@
-"""The /metrics port under RAGMESH_SERVICE_AUTH=mtls (meshkit.metrics, meshkit.tls.metrics_tls),
-through real sockets and a PKI made by meshkit.pki: HTTPS with the process's certificate that
+"""The /metrics port under RAGMESH_SERVICE_AUTH=mtls (meshkit.rpc.metrics, meshkit.rpc.tls.metrics_tls),
+through real sockets and a PKI made by meshkit.rpc.pki: HTTPS with the process's certificate that
 requires a mesh client certificate; plaintext, TLS without a certificate and another CA's
 certificate fail the handshake; a mesh certificate that is not a metrics reader gets 403; with
 auth off it stays plaintext HTTP. Pre-fork workers serve theirs the same way (through run_service)."""
@@ -22,11 +22,11 @@ from wsgiref.simple_server import WSGIServer
 
 import pytest
 
-from meshkit.identity import MESH_IDENTITIES, OPS, allow, spiffe_id
-from meshkit.metrics import MetricsTLS, serve_metrics, start_metrics_server
-from meshkit.pki import Issued, PKIFiles, issue, new_ca, write_pair
+from meshkit.rpc.identity import MESH_IDENTITIES, OPS, allow, spiffe_id
+from meshkit.rpc.metrics import MetricsTLS, serve_metrics, start_metrics_server
+from meshkit.rpc.pki import Issued, PKIFiles, issue, new_ca, write_pair
+from meshkit.rpc.tls import MESH_CERT_MISSING, METRICS_READERS, METRICS_SCRAPER, TLSConfigError, metrics_tls
 from meshkit.settings import MeshSettings
-from meshkit.tls import MESH_CERT_MISSING, METRICS_READERS, METRICS_SCRAPER, TLSConfigError, metrics_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFORK_SERVICE = Path(__file__).with_name("prefork_service.py")
@@ -40,7 +40,7 @@ class Pki:
 
 
 def _write_identity(files: PKIFiles, ca: Issued, name: str, *, server: bool) -> None:
-    # Shaped as meshkit.pki.write_pki makes them: the identity as URI SAN (and DNS name for a
+    # Shaped as meshkit.rpc.pki.write_pki makes them: the identity as URI SAN (and DNS name for a
     # server), localhost and 127.0.0.1.
     cert = issue(ca, name, dns_names=[name] if server else [], uri=spiffe_id(name), server=server, days=1)
     write_pair(files, name, cert)

@@ -1,4 +1,4 @@
-"""Pre-fork workers (meshkit.prefork): the refusals, and a real group of two workers sharing one
+"""Pre-fork workers (meshkit.rpc.prefork): the refusals, and a real group of two workers sharing one
 port, stopped by SIGTERM and taken down when a worker dies."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import httpx
 import pytest
 from grpc import aio
 
-from meshkit.client import check_health
-from meshkit.prefork import check_workers, metrics_port_of
-from meshkit.server import server_options
+from meshkit.rpc.client import check_health
+from meshkit.rpc.prefork import check_workers, metrics_port_of
+from meshkit.rpc.server import server_options
 from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 

@@ -14,13 +14,13 @@ from typing import Any
 import nats
 import pytest
 
-from meshkit.natsserver import NatsServer, nats_server_binary
-from meshkit.replog import Entry, ReplicatedLog
-from meshkit.replog_jetstream import JetStreamTransport
-from meshkit.replog_memory import MemoryTransport
-from meshkit.replog_positions import Positions, load_positions
-from meshkit.replog_transport import LogUnavailable
+from meshkit.replication.jetstream import JetStreamTransport
+from meshkit.replication.log import Entry, ReplicatedLog
+from meshkit.replication.memory import MemoryTransport
+from meshkit.replication.positions import Positions, load_positions
+from meshkit.replication.transport import LogUnavailable
 from meshkit.settings import StoreSettings
+from tests.support.natsserver import NatsServer, nats_server_binary
 
 STREAM = "RAGMESH_LOG_TEST"
 

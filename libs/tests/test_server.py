@@ -15,10 +15,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import REGISTRY
 
-from meshkit.client import check_health
-from meshkit.errors import ServiceError, failed_precondition, invalid_argument, not_found, resource_exhausted
-from meshkit.logs import REQUEST_ID_HEADER
-from meshkit.server import request_limit
+from meshkit.core.errors import (
+    ServiceError,
+    failed_precondition,
+    invalid_argument,
+    not_found,
+    resource_exhausted,
+)
+from meshkit.core.logs import REQUEST_ID_HEADER
+from meshkit.rpc.client import check_health
+from meshkit.rpc.server import request_limit
 from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from meshkit.client import ClientPolicy
+from meshkit.rpc.client import ClientPolicy
 from meshkit.settings import EmbedderSettings, IngestionSettings, MeshSettings
 
 

@@ -1,4 +1,4 @@
-"""meshkit.tls through real servers: TLS accepts TLS clients and refuses plaintext, mTLS refuses
+"""meshkit.rpc.tls through real servers: TLS accepts TLS clients and refuses plaintext, mTLS refuses
 clients without a certificate; Downstream and check_health follow the settings; bad settings
 fail at start with the path, never the PEM."""
 
@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc import aio
 
-from meshkit.client import ClientPolicy, Downstream, DownstreamError, check_health
+from meshkit.rpc.client import ClientPolicy, Downstream, DownstreamError, check_health
+from meshkit.rpc.tls import ClientTLS, TLSConfigError, open_channel, server_credentials, server_mode
 from meshkit.settings import MeshSettings
-from meshkit.tls import ClientTLS, TLSConfigError, open_channel, server_credentials, server_mode
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 
 REQUEST = embedder_pb2.EmbedRequest(texts=["hi"])

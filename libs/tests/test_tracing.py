@@ -18,10 +18,10 @@ import pytest
 from grpc import aio
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from meshkit import tracing
-from meshkit.client import ClientPolicy, Downstream, DownstreamError
-from meshkit.errors import invalid_argument
-from meshkit.logs import REQUEST_ID_HEADER, current_request_id, request_id_var
+from meshkit.core.errors import invalid_argument
+from meshkit.core.logs import REQUEST_ID_HEADER, current_request_id, request_id_var
+from meshkit.rpc import tracing
+from meshkit.rpc.client import ClientPolicy, Downstream, DownstreamError
 from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
@@ -191,7 +191,7 @@ def test_a_group_span_is_the_first_message_child_and_links_the_others(trace_file
 WRITER = """
 import sys
 from pathlib import Path
-from meshkit import tracing
+from meshkit.rpc import tracing
 from meshkit.settings import MeshSettings
 tracing.configure_tracing(sys.argv[2], MeshSettings(trace_file=Path(sys.argv[1])))
 for i in range(int(sys.argv[3])):

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from prometheus_client import Counter
 
-from meshkit.batching import MicroBatcher
+from meshkit.inference.batching import MicroBatcher
 from services.embedder.model import TextKind
 
 # (texts, kind) -> (L2-normalised vectors [n, dim], per-text truncation flags [n]).
@@ -21,7 +21,7 @@ TEXTS_TRUNCATED = Counter(
 
 
 class EmbedBatcher:
-    """Concurrent embed calls share model runs (see meshkit.batching for the policy)."""
+    """Concurrent embed calls share model runs (see meshkit.inference.batching for the policy)."""
 
     def __init__(self, embed_fn: EmbedFn, *, max_batch: int, window_s: float, max_queued_texts: int) -> None:
         self._batcher: MicroBatcher[TextKind, str] = MicroBatcher(

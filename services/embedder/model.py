@@ -18,8 +18,14 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
-from meshkit.ids import sha256_file
-from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER, ProviderUnavailable, choose_providers, session_options
+from meshkit.domain.ids import sha256_file
+from meshkit.inference.onnxrt import (
+    CPU_PROVIDER,
+    CUDA_PROVIDER,
+    ProviderUnavailable,
+    choose_providers,
+    session_options,
+)
 from meshkit.settings import EmbedderSettings
 
 log = logging.getLogger("ragmesh.embedder.model")
@@ -56,7 +62,7 @@ class ModelInfo:
     passage_prefix: str
     provider: str
     # sha256 of the model file actually loaded (pinned or not): part of the identity a
-    # collection records (meshkit.collections), so an unpinned swap is still noticed.
+    # collection records (meshkit.domain.collections), so an unpinned swap is still noticed.
     sha256: str = ""
 
 

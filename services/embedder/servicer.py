@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from grpc import aio
 
-from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
-from meshkit.identity import EXTRACTOR, GATEWAY, INGESTION_WORKER, OPS, Callers, allow
-from meshkit.server import ServiceSpec, text_request_bytes
+from meshkit.core.errors import failed_precondition, invalid_argument, resource_exhausted
+from meshkit.rpc.identity import EXTRACTOR, GATEWAY, INGESTION_WORKER, OPS, Callers, allow
+from meshkit.rpc.server import ServiceSpec, text_request_bytes
 from meshkit.settings import EmbedderSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc

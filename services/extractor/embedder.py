@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from meshkit.client import ClientPolicy, Downstream, DownstreamError, remaining_budget
+from meshkit.rpc.client import ClientPolicy, Downstream, DownstreamError, remaining_budget
 from meshkit.settings import ExtractorSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from services.extractor.extractive import EmbedError

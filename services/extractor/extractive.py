@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
-from meshkit.answering import coverage, split_sentences
-from meshkit.evidence_text import passage_sentences
+from meshkit.text.answering import coverage, split_sentences
+from meshkit.text.evidence import passage_sentences
 from ragmesh.embedder.v1 import embedder_pb2
 from services.extractor.facts import EXTRACTIVE, Fact, Source
 

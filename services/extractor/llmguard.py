@@ -8,8 +8,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from meshkit.client import remaining_budget
-from meshkit.llm import LLM, LLMError, Messages
+from meshkit.llm.factory import LLM, LLMError, Messages
+from meshkit.rpc.client import remaining_budget
 from services.extractor.metrics import LLM_CALLS
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from meshkit.answering import content_words, coverage, estimate_tokens
-from meshkit.llm import LLMError
-from meshkit.llm_replies import validate_items
+from meshkit.llm.factory import LLMError
+from meshkit.llm.replies import validate_items
 from meshkit.settings import ExtractorSettings
+from meshkit.text.answering import content_words, coverage, estimate_tokens
 from services.extractor.extractive import MAX_FACT_CHARS, clip, snippet
 from services.extractor.facts import (
     BATCH_FAILED,

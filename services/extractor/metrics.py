@@ -1,5 +1,5 @@
 """Prometheus metrics of the extractor's own work (RPC counts and client calls come from meshkit,
-LLM latency and tokens from meshkit.llm_openai)."""
+LLM latency and tokens from meshkit.llm.openai_compat)."""
 
 from __future__ import annotations
 

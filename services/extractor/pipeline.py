@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from meshkit.llm import LLM
+from meshkit.llm.factory import LLM
 from meshkit.settings import ExtractorSettings
 from services.extractor.extractive import Embed, best_sentences
 from services.extractor.facts import EMBEDDER_UNAVAILABLE, NO_FACTS, Fact, Issue, Job, Outcome, Source

@@ -4,7 +4,7 @@ The local model is tiny (SmolLM2-135M, ~2000 tokens per request), so prompts are
 every list in a schema is bounded (maxItems), or greedy decoding loops until max_tokens. The
 schemas sent to the server describe the exact entry shape, for guided decoding, while the
 Python side validates only the outer object: entries are checked one by one afterwards
-(meshkit.llm_replies.validate_items) so one bad entry does not sink the batch."""
+(meshkit.llm.replies.validate_items) so one bad entry does not sink the batch."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from meshkit.answering import estimate_tokens, strip_citations
+from meshkit.text.answering import estimate_tokens, strip_citations
 from services.extractor.facts import EXTRACTIVE, Fact
 
 # Token sets this similar are one fact said twice (stopwords count: "is not" differs from "is").
@@ -17,7 +17,7 @@ NEAR_DUPLICATE_JACCARD = 0.9
 # trust, so the GATE_FLOOR best facts are kept instead.
 GATE_FEW = 3
 GATE_FLOOR = 4
-CHARS_PER_TOKEN = 4  # meshkit.answering.estimate_tokens' ratio
+CHARS_PER_TOKEN = 4  # meshkit.text.answering.estimate_tokens' ratio
 
 
 def ordered(facts: Sequence[Fact]) -> list[Fact]:

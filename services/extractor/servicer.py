@@ -20,11 +20,11 @@ import time
 
 from grpc import aio
 
-from meshkit.errors import invalid_argument, resource_exhausted
-from meshkit.identity import GATEWAY, OPS, Callers, allow
-from meshkit.ids import MAX_ITEM_ID_CHARS, check_item_list
-from meshkit.llm import LLM, make_llm
-from meshkit.server import ITEM_OVERHEAD_BYTES, Hook, ServiceSpec, text_request_bytes
+from meshkit.core.errors import invalid_argument, resource_exhausted
+from meshkit.domain.ids import MAX_ITEM_ID_CHARS, check_item_list
+from meshkit.llm.factory import LLM, make_llm
+from meshkit.rpc.identity import GATEWAY, OPS, Callers, allow
+from meshkit.rpc.server import ITEM_OVERHEAD_BYTES, Hook, ServiceSpec, text_request_bytes
 from meshkit.settings import ExtractorSettings
 from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc
 from services.extractor.embedder import EmbedderClient

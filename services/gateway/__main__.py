@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from meshkit.server import run_service
+from meshkit.rpc.server import run_service
 from meshkit.settings import GatewaySettings
 from services.gateway.servicer import build_spec
 

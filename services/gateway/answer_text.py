@@ -9,8 +9,9 @@ import math
 import re
 from dataclasses import dataclass
 
-from meshkit.answering import NO_EVIDENCE_REASON, not_found_text, strip_citations
-from meshkit.evidence_text import passage_sentences
+from meshkit.text.answering import NO_EVIDENCE_REASON, not_found_text, strip_citations
+from meshkit.text.evidence import passage_sentences
+from meshkit.text.extractive import best_facts
 from ragmesh.extractor.v1 import extractor_pb2
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.sparse.v1 import sparse_pb2
@@ -168,15 +169,9 @@ def with_sentences(
 
 
 def local_answer(request: narrator_pb2.NarrateRequest) -> narrator_pb2.Answer:
-    """The answer the gateway writes when the narrator cannot: the best facts from distinct
-    sources, each cited, or that the documents do not say."""
-    chosen: list[narrator_pb2.Fact] = []
-    for fact in sorted(request.facts, key=lambda f: -f.score):
-        if all(fact.source != c.source for c in chosen):
-            chosen.append(fact)
-        if len(chosen) == LOCAL_ANSWER_FACTS:
-            break
-    return stated_answer(chosen, list(request.sources))
+    """The answer the gateway writes when the narrator cannot: the best facts, each cited (the
+    narrator's own extractive choice, meshkit.text.extractive), or that the documents do not say."""
+    return stated_answer(best_facts(list(request.facts), LOCAL_ANSWER_FACTS), list(request.sources))
 
 
 def stated_answer(chosen: list[narrator_pb2.Fact], sources: list[narrator_pb2.Source]) -> narrator_pb2.Answer:

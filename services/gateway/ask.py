@@ -17,11 +17,11 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from meshkit.answering import NO_EVIDENCE_REASON, not_found_text
-from meshkit.client import ClientPolicy, Downstream, DownstreamError
-from meshkit.errors import deadline_exceeded
-from meshkit.interceptors import deadline_var
+from meshkit.core.errors import deadline_exceeded
+from meshkit.rpc.client import ClientPolicy, Downstream, DownstreamError
+from meshkit.rpc.interceptors import deadline_var
 from meshkit.settings import GatewaySettings
+from meshkit.text.answering import NO_EVIDENCE_REASON, not_found_text
 from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc
 from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
 from services.gateway import metrics

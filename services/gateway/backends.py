@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from meshkit.client import ClientPolicy, Downstream
+from meshkit.rpc.client import ClientPolicy, Downstream
 from meshkit.settings import GatewaySettings
 from ragmesh.embedder.v1 import embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2_grpc

@@ -1,4 +1,4 @@
-"""The gateway's view of collection records (meshkit.collections): which generation serves a
+"""The gateway's view of collection records (meshkit.domain.collections): which generation serves a
 collection (the store collection every leg searches) and which embedder built it (a query
 embedded by another is refused with FAILED_PRECONDITION).
 
@@ -19,8 +19,7 @@ import nats
 import nats.js.errors
 from nats.aio.client import Client as NATS
 
-from meshkit.client import DownstreamError
-from meshkit.collections import (
+from meshkit.domain.collections import (
     COLLECTIONS_BUCKET,
     CachedRecords,
     CollectionRecord,
@@ -28,8 +27,9 @@ from meshkit.collections import (
     EmbedderIdentity,
     check_embedder,
 )
-from meshkit.natsconn import connect_options
+from meshkit.rpc.client import DownstreamError
 from meshkit.settings import GatewaySettings
+from meshkit.storage.natsconn import connect_options
 from services.gateway.validation import SearchParams
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from meshkit.client import DownstreamError
+from meshkit.rpc.client import DownstreamError
 from services.gateway.validation import LEGS
 
 PLANNER, EMBEDDER, INDEX, SPARSE, HYDE = "planner", "embedder", "index", "sparse", "hyde"

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from meshkit.client import Downstream, DownstreamError
+from meshkit.rpc.client import Downstream, DownstreamError
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc

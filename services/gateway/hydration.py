@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from meshkit.client import DownstreamError
-from meshkit.ids import shard_of
+from meshkit.domain.ids import shard_of
+from meshkit.rpc.client import DownstreamError
 from ragmesh.index.v1 import index_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from services.gateway.backends import Backends
@@ -64,7 +64,7 @@ class Hydrator:
     async def _index_payloads(
         self, collection: str, ids: list[str], end: float, degradations: Degradations
     ) -> dict[str, sparse_pb2.ChunkText] | None:
-        """The chunks' stored payloads from the shards that own them (meshkit.ids.shard_of, as
+        """The chunks' stored payloads from the shards that own them (meshkit.domain.ids.shard_of, as
         the writers place them); None when a shard holding some of them did not answer."""
         shards = self.backends.shards
         owned: dict[int, list[str]] = {}

@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from meshkit.answering import strip_citations
-from meshkit.client import Downstream, DownstreamError
-from meshkit.interceptors import deadline_var
+from meshkit.rpc.client import Downstream, DownstreamError
+from meshkit.rpc.interceptors import deadline_var
+from meshkit.text.answering import strip_citations
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from services.gateway.sentences import (
     Candidate,

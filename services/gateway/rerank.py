@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from meshkit.client import Downstream, DownstreamError
+from meshkit.rpc.client import Downstream, DownstreamError
 from meshkit.settings import GatewaySettings
 from ragmesh.planner.v1 import planner_pb2
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc

@@ -1,7 +1,7 @@
 """One search: plan, fan out to every retrieval leg in parallel under the caller's deadline
 (fanout.py), fuse with weighted RRF, hydrate the winners (hydration.py), rerank them.
 
-Every downstream call goes through ``meshkit.client.Downstream`` (backends.py: deadline,
+Every downstream call goes through ``meshkit.rpc.client.Downstream`` (backends.py: deadline,
 retries for idempotent calls, a breaker per downstream). A stage that fails or is late is
 reported as a degradation (degradations.py); the answer comes from the others.
 """
@@ -14,9 +14,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from meshkit.client import DownstreamError
-from meshkit.errors import deadline_exceeded, not_found, unavailable
-from meshkit.interceptors import deadline_var
+from meshkit.core.errors import deadline_exceeded, not_found, unavailable
+from meshkit.rpc.client import DownstreamError
+from meshkit.rpc.interceptors import deadline_var
 from meshkit.settings import GatewaySettings
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from meshkit.answering import content_words, coverage, strip_citations
-from meshkit.evidence_text import passage_sentences
+from meshkit.text.answering import content_words, coverage, strip_citations
+from meshkit.text.evidence import passage_sentences
 
 # Longest sentence sent to the cross-encoder: a "sentence" that long is a table or a code block
 # the splitter could not break, and the model reads only its first 256 tokens anyway.

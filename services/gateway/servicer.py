@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 from grpc import aio
 
-from meshkit.auth import READ, Rule
-from meshkit.errors import unavailable
-from meshkit.server import ServiceSpec
+from meshkit.core.errors import unavailable
+from meshkit.rpc.auth import READ, Rule
+from meshkit.rpc.server import ServiceSpec
 from meshkit.settings import GatewaySettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.narrator.v1 import narrator_pb2
@@ -69,7 +69,7 @@ REASON_PB = {
 FALLBACK_PB = {INDEX_PAYLOAD: gateway_pb2.FALLBACK_INDEX_PAYLOAD}
 # Legs in the order responses list them.
 LEG_ORDER = (DENSE, BM25, EXACT)
-# What an API key needs for each method (meshkit.auth): every call reads one collection.
+# What an API key needs for each method (meshkit.rpc.auth): every call reads one collection.
 ACCESS = {
     "Search": Rule(READ, lambda request: request.collection),
     "Ask": Rule(READ, lambda request: request.collection),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from meshkit.client import DownstreamError
+from meshkit.rpc.client import DownstreamError
 from meshkit.settings import GatewaySettings
 from ragmesh.extractor.v1 import extractor_pb2
 from ragmesh.narrator.v1 import narrator_pb2

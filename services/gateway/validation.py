@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from meshkit.collections import CollectionRecord, reserved_name_problem
-from meshkit.errors import invalid_argument, resource_exhausted
-from meshkit.ids import doc_id_problem, validate_collection
-from meshkit.metadata import Clause, InvalidFilter, clauses_from_pb, clauses_to_pb
+from meshkit.core.errors import invalid_argument, resource_exhausted
+from meshkit.domain.collections import CollectionRecord, reserved_name_problem
+from meshkit.domain.ids import doc_id_problem, validate_collection
+from meshkit.domain.metadata import Clause, InvalidFilter, clauses_from_pb, clauses_to_pb
 from meshkit.settings import GatewaySettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.gateway.v1 import gateway_pb2
@@ -52,7 +52,7 @@ class SearchParams:
     metadata_filter: tuple[Clause, ...] = ()
     # Earlier turns of the conversation, oldest first (the planner rewrites a follow-up).
     history: tuple[narrator_pb2.ChatTurn, ...] = ()
-    # The collection's record (meshkit.collections) once resolved: ``collection`` is then the
+    # The collection's record (meshkit.domain.collections) once resolved: ``collection`` is then the
     # store collection of its serving generation. None: no record (nothing indexed yet).
     record: CollectionRecord | None = None
     # Set by an Ask: a question under this floor will be refused as off topic, so reranking

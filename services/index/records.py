@@ -5,11 +5,11 @@ outcomes, the on-disk identity file, and how a chunk id maps to its FAISS id."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from meshkit.fsutil import fsync_dir, write_atomic
+from meshkit.core.fsutil import fsync_dir, write_atomic
 from services.index import mutations as mut
 from services.index.backends import BackendConfig
 
@@ -71,21 +71,6 @@ class StoredChunk:
     doc_id: str
     payload: mut.Payload
     source: mut.Source
-
-
-@dataclass(frozen=True)
-class ReplaceResult:
-    upserted: int
-    removed: int
-    missing_chunk_ids: list[str]
-    stale_doc_ids: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class DocumentEntry:
-    doc_id: str
-    fence: int
-    chunk_ids: list[str]
 
 
 @dataclass(frozen=True)

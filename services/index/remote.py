@@ -1,6 +1,6 @@
 """This shard's snapshots in the object store (``index/shard-<n>-of-<count>/<collection>/``), so a
 replica with an empty disk (or a quarantined collection) comes back from there plus the log.
-The layout and the pointer are meshkit.remote_snapshots'; this module packs and installs the
+The layout and the pointer are meshkit.replication.snapshots'; this module packs and installs the
 index's own snapshot directories."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import shutil
 import uuid
 from pathlib import Path
 
-from meshkit.objectstore import ObjectStore
-from meshkit.remote_snapshots import Pointer, RemoteSnapshots
+from meshkit.replication.snapshots import Pointer, RemoteSnapshots
 from meshkit.settings import IndexSettings
+from meshkit.storage.objectstore import ObjectStore
 from services.index.snapshots import install_packed, pack
 
 

@@ -8,19 +8,19 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from grpc import aio
 
-from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
-from meshkit.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
-from meshkit.ids import (
+from meshkit.core.errors import failed_precondition, invalid_argument, resource_exhausted
+from meshkit.domain.ids import (
     doc_id_problem,
     document_page,
     shard_of,
     validate_chunk_id,
     validate_collection,
 )
-from meshkit.interceptors import clamp_deadline
-from meshkit.metadata import Clause, InvalidFilter, clauses_from_pb, source_problem
-from meshkit.replog import write_timeout
-from meshkit.server import ServiceSpec
+from meshkit.domain.metadata import Clause, InvalidFilter, clauses_from_pb, source_problem
+from meshkit.replication.log import write_timeout
+from meshkit.rpc.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
+from meshkit.rpc.interceptors import clamp_deadline
+from meshkit.rpc.server import ServiceSpec
 from meshkit.settings import IndexSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc

@@ -1,5 +1,5 @@
 """This process's replica of one index shard: its collections, fed by the shard's replicated
-log (start-up, positions, quarantine and restores are meshkit.replstore's), and their
+log (start-up, positions, quarantine and restores are meshkit.replication.store's), and their
 background work (snapshots, uploads, rebuilds).
 
 Writes: the RPC appends its request to the shard's log and waits until this replica has
@@ -23,19 +23,18 @@ from typing import Any
 
 import numpy as np
 
-from meshkit.metadata import Clause
-from meshkit.replog import LogTransport, transport_for
-from meshkit.replstore import Decoded, ReplicatedStore
+from meshkit.domain.metadata import Clause
+from meshkit.replication.log import LogTransport, transport_for
+from meshkit.replication.records import DocumentEntry, ReplaceResult
+from meshkit.replication.store import Decoded, ReplicatedStore
 from meshkit.settings import IndexSettings
 from services.index import mutations as mut
 from services.index.metrics import UPLOADS
 from services.index.records import (
     IDENTITY_FILE,
     CollectionStats,
-    DocumentEntry,
     Hit,
     IndexPolicy,
-    ReplaceResult,
     StoredChunk,
 )
 from services.index.remote import SnapshotRemote

@@ -26,8 +26,8 @@ from typing import Any
 import faiss
 import numpy as np
 
-from meshkit.fsutil import fsync_dir, write_atomic
-from meshkit.ids import sha256_file
+from meshkit.core.fsutil import fsync_dir, write_atomic
+from meshkit.domain.ids import sha256_file
 from services.index.backends import BackendState
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from meshkit.errors import failed_precondition
-from meshkit.metadata import MetadataIndex
+from meshkit.core.errors import failed_precondition
+from meshkit.domain.metadata import MetadataIndex
 from services.index import mutations as mut
 from services.index.backends import Backend, BackendConfig, VectorTable, build_backend, restore_backend
 from services.index.records import faiss_id

@@ -10,7 +10,7 @@ log agree.
 Payloads: each chunk keeps the text and location its writer sent, each document its title,
 source URI and metadata (``Source``), so results can be shown and cited without the sparse
 service; they are logged, snapshotted and replayed with the vectors. Metadata is indexed
-(meshkit.metadata) and a search's metadata filter becomes the set of allowed documents before
+(meshkit.domain.metadata) and a search's metadata filter becomes the set of allowed documents before
 FAISS ranks anything, so ``top_k`` is honoured.
 
 Fences: each document keeps the highest fence a replacement brought it (also once its chunks
@@ -39,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from meshkit.metadata import Clause
+from meshkit.domain.metadata import Clause
+from meshkit.replication.records import DocumentEntry, ReplaceResult
 from services.index import mutations as mut
 from services.index.backends import Backend, VectorTable, build_backend, omp_threads
 from services.index.metrics import (
@@ -57,10 +58,8 @@ from services.index.rebuild_policy import rebuild_target
 from services.index.records import (
     CollectionMismatch,
     CollectionStats,
-    DocumentEntry,
     Hit,
     IndexPolicy,
-    ReplaceResult,
     SnapshotOutcome,
     StoredChunk,
     check_identity,

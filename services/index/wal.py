@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from meshkit.fsutil import fsync_dir
+from meshkit.core.fsutil import fsync_dir
 
 log = logging.getLogger(__name__)
 

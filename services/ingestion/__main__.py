@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from meshkit.server import ServiceSpec, run_service
+from meshkit.rpc.server import ServiceSpec, run_service
 from meshkit.settings import IngestionSettings
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from services.ingestion.servicer import ACCESS, IngestionServicer

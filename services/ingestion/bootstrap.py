@@ -13,11 +13,11 @@ import logging
 
 import nats
 
-from meshkit.collections import open_collections_bucket
-from meshkit.logs import configure_logging
-from meshkit.natsconn import connect_options
-from meshkit.objectstore import ObjectStore
+from meshkit.core.logs import configure_logging
+from meshkit.domain.collections import open_collections_bucket
 from meshkit.settings import IngestionSettings
+from meshkit.storage.natsconn import connect_options
+from meshkit.storage.objectstore import ObjectStore
 from services.ingestion.lifecycle import open_buckets
 from services.ingestion.topology import ensure_topology
 

@@ -9,8 +9,8 @@ import uuid
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from meshkit.errors import ServiceError
-from meshkit.ids import doc_id_problem, doc_key, validate_collection
+from meshkit.core.errors import ServiceError
+from meshkit.domain.ids import doc_id_problem, doc_key, validate_collection
 
 Op = Literal["upsert", "delete"]
 SUBJECT_PREFIX = "ragmesh.ingest"

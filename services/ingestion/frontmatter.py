@@ -1,7 +1,7 @@
 """Front matter (YAML ``---`` or TOML ``+++`` at the top of a Markdown page: Hugo, Jekyll,
 Obsidian) parsed into the page's title, description and filterable metadata.
 
-Metadata values are strings (meshkit.metadata): scalars become their text, lists of scalars a
+Metadata values are strings (meshkit.domain.metadata): scalars become their text, lists of scalars a
 ", "-joined string, nested tables dotted keys (``params.author``). Tags are multi-valued, and a
 filter compares one value, so each tag also gets a key of its own: ``tag:<name>`` = "true"
 (filter with ``exists tag:grpc`` or ``tag:grpc eq true``). Everything is bounded: the block's
@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from meshkit.front_matter import FrontMatter
-from meshkit.metadata import MAX_KEY_CHARS, MAX_METADATA_ENTRIES, key_problem
+from meshkit.domain.metadata import MAX_KEY_CHARS, MAX_METADATA_ENTRIES, key_problem
+from meshkit.text.front_matter import FrontMatter
 
 # A front matter block larger than this is not parsed (kept as body): page metadata is small.
 MAX_FRONT_MATTER_CHARS = 16_384

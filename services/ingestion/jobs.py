@@ -10,9 +10,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from meshkit import tracing
-from meshkit.client import DownstreamError
-from meshkit.objectstore import UNAVAILABLE_ERRORS
+from meshkit.rpc import tracing
+from meshkit.rpc.client import DownstreamError
+from meshkit.storage.objectstore import UNAVAILABLE_ERRORS
 from ragmesh.common.v1 import common_pb2
 from services.ingestion.chunking import ChunkDraft
 from services.ingestion.events import IngestEvent

@@ -2,7 +2,7 @@
 compare-and-set on the two JetStream key-value buckets that hold them. The API, the workers,
 the pipeline and the reconciler call this module; none of them writes a bucket directly.
 
-Both buckets are keyed by ``meshkit.ids.doc_key(collection, doc_id)``:
+Both buckets are keyed by ``meshkit.domain.ids.doc_key(collection, doc_id)``:
 
 - **status**: the document's state, its *current request* (the ingest event of the latest
   submission, delete or replay: the status write is the commit point of a request, and its

@@ -22,10 +22,10 @@ from pdfminer.pdfdocument import PDFEncryptionError
 from pdfminer.pdftypes import resolve1
 from pdfplumber.utils.exceptions import PdfminerException
 
-from meshkit.formats import detect_format as detect_format  # re-exported: the service imports it here
-from meshkit.front_matter import split_front_matter
-from meshkit.markdown_blocks import heading_text
-from meshkit.markup import HUGO_SHORTCODES, strip_tags
+from meshkit.text.formats import detect_format as detect_format  # re-exported: the service imports it here
+from meshkit.text.front_matter import split_front_matter
+from meshkit.text.markdown_blocks import heading_text
+from meshkit.text.markup import HUGO_SHORTCODES, strip_tags
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.frontmatter import parse_front_matter, tag_metadata
 from services.ingestion.vault import resolve_vault_markdown

@@ -26,12 +26,12 @@ from collections import defaultdict
 
 from prometheus_client import Counter, Histogram
 
-from meshkit import tracing
-from meshkit.collections import CollectionRegistry, EmbedderIdentity, RecordConflict
-from meshkit.errors import ServiceError
-from meshkit.ids import chunk_id_for, sha256_hex, shard_of
-from meshkit.objectstore import ObjectNotFound, ObjectStore
+from meshkit.core.errors import ServiceError
+from meshkit.domain.collections import CollectionRegistry, EmbedderIdentity, RecordConflict
+from meshkit.domain.ids import chunk_id_for, sha256_hex, shard_of
+from meshkit.rpc import tracing
 from meshkit.settings import IngestionSettings
+from meshkit.storage.objectstore import ObjectNotFound, ObjectStore
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh.index.v1 import index_pb2
@@ -273,7 +273,7 @@ class IngestPipeline:
         CHUNKS_EMBEDDED.inc(len(batch))
 
     async def _admit(self, collection: str, identity: EmbedderIdentity) -> None:
-        """Vectors of one model only per collection generation (meshkit.collections): the
+        """Vectors of one model only per collection generation (meshkit.domain.collections): the
         first write records the embedder, another embedder's vectors are refused for good
         (dead-lettered with the reason; replayable once the right embedder serves again)."""
         if self.collections is None:

@@ -1,4 +1,4 @@
-"""Reindexing a collection into a new generation (meshkit.collections), for the ingestion API's
+"""Reindexing a collection into a new generation (meshkit.domain.collections), for the ingestion API's
 ``ReindexCollection``.
 
 A reindex is three phases, each kept in the collection record so any crash resumes it:
@@ -29,11 +29,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from meshkit.collections import CollectionRecord, CollectionRegistry, physical_name, reserved_name_problem
-from meshkit.errors import failed_precondition, invalid_argument, not_found
-from meshkit.ids import MAX_COLLECTION_CHARS, doc_key, sha256_hex, validate_collection
-from meshkit.objectstore import ObjectNotFound, ObjectStore
+from meshkit.core.errors import failed_precondition, invalid_argument, not_found
+from meshkit.domain.collections import (
+    CollectionRecord,
+    CollectionRegistry,
+    physical_name,
+    reserved_name_problem,
+)
+from meshkit.domain.ids import MAX_COLLECTION_CHARS, doc_key, sha256_hex, validate_collection
 from meshkit.settings import IngestionSettings
+from meshkit.storage.objectstore import ObjectNotFound, ObjectStore
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.events import IngestEvent, new_request_id, object_key_for
 from services.ingestion.lifecycle_entries import DocStatus

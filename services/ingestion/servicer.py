@@ -21,14 +21,14 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import Counter
 
-from meshkit.auth import READ, WRITE, Rule, readable
-from meshkit.collections import CollectionRegistry, open_collections_bucket, split_physical
-from meshkit.errors import ServiceError, invalid_argument, not_found, resource_exhausted, unavailable
-from meshkit.ids import doc_key, sha256_hex, validate_collection, validate_doc_id
-from meshkit.logs import current_request_id
-from meshkit.natsconn import connect_options
-from meshkit.objectstore import UNAVAILABLE_ERRORS, ObjectStore
+from meshkit.core.errors import ServiceError, invalid_argument, not_found, resource_exhausted, unavailable
+from meshkit.core.logs import current_request_id
+from meshkit.domain.collections import CollectionRegistry, open_collections_bucket, split_physical
+from meshkit.domain.ids import doc_key, sha256_hex, validate_collection, validate_doc_id
+from meshkit.rpc.auth import READ, WRITE, Rule, readable
 from meshkit.settings import IngestionSettings
+from meshkit.storage.natsconn import connect_options
+from meshkit.storage.objectstore import UNAVAILABLE_ERRORS, ObjectStore
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from services.ingestion.deadletters import DeadLetter, DeadLetters
 from services.ingestion.events import IngestEvent, new_request_id, object_key_for
@@ -56,7 +56,7 @@ def _collection(request: Any) -> str:
     return str(request.collection)
 
 
-# What an API key needs for each method (meshkit.auth). ListCollections answers with the
+# What an API key needs for each method (meshkit.rpc.auth). ListCollections answers with the
 # collections the key may read; the dead-letter calls without a collection span them all ('*').
 ACCESS = {
     "IngestDocuments": Rule(WRITE, _collection),
@@ -124,7 +124,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         if self.nc:
             await self.nc.drain()
 
-    # --- collections and their generations (meshkit.collections) ----------------------------
+    # --- collections and their generations (meshkit.domain.collections) ----------------------------
 
     async def _generations(self, name: str) -> list[str]:
         """The store collections a request for collection ``name`` goes to (serving first)."""

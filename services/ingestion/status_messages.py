@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from meshkit.collections import split_physical
+from meshkit.domain.collections import split_physical
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.lifecycle_entries import DocStatus
 from services.ingestion.lifecycle_states import DELETED, DELETING, FAILED, INDEXED, PROCESSING, QUEUED

@@ -1,5 +1,5 @@
 """The downstream services one ingestion worker writes to: the embedder, every index shard and
-the sparse store, as ``meshkit.client.Downstream`` clients built from the settings.
+the sparse store, as ``meshkit.rpc.client.Downstream`` clients built from the settings.
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from meshkit.client import ClientPolicy, Downstream
+from meshkit.rpc.client import ClientPolicy, Downstream
 from meshkit.settings import IngestionSettings
 from ragmesh.embedder.v1 import embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2_grpc

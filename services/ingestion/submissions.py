@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from meshkit.errors import invalid_argument, resource_exhausted
-from meshkit.ids import doc_id_problem, sha256_hex
-from meshkit.metadata import metadata_problem
+from meshkit.core.errors import invalid_argument, resource_exhausted
+from meshkit.domain.ids import doc_id_problem, sha256_hex
+from meshkit.domain.metadata import metadata_problem
 from meshkit.settings import IngestionSettings
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.normalize import detect_format, document_problem
@@ -81,7 +81,7 @@ def _metadata_problem(doc: ingestion_pb2.Document) -> str | None:
     size = sum(len(k) + len(v) for k, v in doc.metadata.items()) + len(doc.source_uri)
     if size > MAX_METADATA_CHARS:
         return f"metadata and source_uri take {size} chars, the limit is {MAX_METADATA_CHARS}"
-    # Every key is indexed for filtering (meshkit.metadata): it must be one a filter can name.
+    # Every key is indexed for filtering (meshkit.domain.metadata): it must be one a filter can name.
     return metadata_problem(doc.metadata)
 
 

@@ -29,7 +29,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from meshkit import tracing
+from meshkit.rpc import tracing
 from meshkit.settings import IngestionSettings
 from services.ingestion.events import DLQ_SUBJECT_PREFIX, SUBJECT_PREFIX, IngestEvent
 

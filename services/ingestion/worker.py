@@ -31,13 +31,13 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from prometheus_client import Counter, Gauge
 
-from meshkit import tracing
-from meshkit.collections import CollectionRegistry, open_collections_bucket
-from meshkit.logs import new_request_id, request_id_var
-from meshkit.natsconn import connect_options
-from meshkit.objectstore import ObjectStore
-from meshkit.server import REQUEST_SLACK_BYTES, ServiceSpec, run_service
+from meshkit.core.logs import new_request_id, request_id_var
+from meshkit.domain.collections import CollectionRegistry, open_collections_bucket
+from meshkit.rpc import tracing
+from meshkit.rpc.server import REQUEST_SLACK_BYTES, ServiceSpec, run_service
 from meshkit.settings import IngestionSettings
+from meshkit.storage.natsconn import connect_options
+from meshkit.storage.objectstore import ObjectStore
 from services.ingestion.chunking import Chunker
 from services.ingestion.deadletters import DeadLetters
 from services.ingestion.events import IngestEvent, MalformedEvent

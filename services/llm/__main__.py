@@ -8,7 +8,7 @@ import signal
 import threading
 from pathlib import Path
 
-from meshkit.logs import configure_logging
+from meshkit.core.logs import configure_logging
 from meshkit.settings import LLMServerSettings
 
 log = logging.getLogger("ragmesh.llm")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from meshkit.server import run_service
+from meshkit.rpc.server import run_service
 from meshkit.settings import NarratorSettings
 from services.narrator.servicer import build_spec
 

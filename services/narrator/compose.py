@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meshkit.answering import strip_citations
-from meshkit.llm import Messages
+from meshkit.llm.factory import Messages
+from meshkit.text.answering import strip_citations
 from services.narrator.model import Fact, Role, Source, Turn
 from services.narrator.verify import NOT_FOUND_MARKER
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from meshkit.llm import LLM, LLMError, Messages
-from meshkit.llm_replies import extract_json, validate_items
+from meshkit.llm.factory import LLM, LLMError, Messages
+from meshkit.llm.replies import extract_json, validate_items
 from services.narrator.compose import source_lines
 from services.narrator.model import Contradiction, Fact, Source
 

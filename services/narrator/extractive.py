@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meshkit.answering import NO_EVIDENCE_REASON, strip_citations
+from meshkit.text.answering import NO_EVIDENCE_REASON
+from meshkit.text.extractive import best_facts
 from services.narrator.model import (
     Answer,
     Fact,
@@ -16,33 +17,6 @@ from services.narrator.model import (
     not_found_answer,
 )
 from services.narrator.verify import with_citation
-
-
-def best_facts(facts: Sequence[Fact], count: int) -> list[Fact]:
-    """Up to ``count`` facts, best score first (the caller's order breaks ties): one per source
-    while distinct sources remain, then the next best; repeated texts count once."""
-    ranked = sorted(range(len(facts)), key=lambda i: -facts[i].score)
-    chosen: list[int] = []
-    seen_texts: set[str] = set()
-    seen_sources: set[int] = set()
-    for distinct_only in (True, False):
-        for i in ranked:
-            fact = facts[i]
-            key = " ".join(strip_citations(fact.text).lower().split())
-            if len(chosen) == count or not key or key in seen_texts:
-                continue
-            if distinct_only and fact.source in seen_sources:
-                continue
-            chosen.append(i)
-            seen_texts.add(key)
-            seen_sources.add(fact.source)
-    rank = {i: position for position, i in enumerate(ranked)}
-    # Read as a text: each source's facts together, sources by their best fact, and a source's
-    # facts in the caller's order (the gateway sends a passage's sentences in the passage's order).
-    source_rank: dict[int, int] = {}
-    for i in sorted(chosen, key=rank.__getitem__):
-        source_rank.setdefault(facts[i].source, len(source_rank))
-    return [facts[i] for i in sorted(chosen, key=lambda i: (source_rank[facts[i].source], i))]
 
 
 def extractive_answer(

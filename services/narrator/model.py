@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from meshkit.answering import not_found_text
+from meshkit.text.answering import not_found_text
 
 MODEL_NOT_FOUND_REASON = "the retrieved passages do not answer this question"
 

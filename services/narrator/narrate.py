@@ -12,10 +12,10 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from meshkit.answering import NO_EVIDENCE_REASON
-from meshkit.client import remaining_budget
-from meshkit.llm import LLM, LLMError, Messages
+from meshkit.llm.factory import LLM, LLMError, Messages
+from meshkit.rpc.client import remaining_budget
 from meshkit.settings import NarratorSettings
+from meshkit.text.answering import NO_EVIDENCE_REASON
 from services.narrator import metrics
 from services.narrator.compose import build_messages, prompt_facts
 from services.narrator.contradictions import find_contradictions

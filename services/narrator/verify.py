@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from meshkit.answering import cited_numbers, content_words, coverage, split_sentences, strip_citations
+from meshkit.text.answering import cited_numbers, content_words, coverage, split_sentences, strip_citations
 from services.narrator.degenerate import first_repeat, looping_sentences, words
 from services.narrator.envelope import clean_output
 from services.narrator.model import Fact, Rejection, RejectReason, Sentence, SupportCheck

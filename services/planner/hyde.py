@@ -27,8 +27,8 @@ import logging
 import re
 import time
 
-from meshkit.answering import content_words, split_sentences
-from meshkit.llm import LLM, LLMError
+from meshkit.llm.factory import LLM, LLMError
+from meshkit.text.answering import content_words, split_sentences
 from services.planner import metrics
 from services.planner.plan import HydeMode, PlanInput, Planner, RetrievalPlan
 

@@ -49,8 +49,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, create_model
 
-from meshkit.answering import content_words
-from meshkit.llm import LLM, LLMError
+from meshkit.llm.factory import LLM, LLMError
+from meshkit.text.answering import content_words
 from services.planner import metrics
 from services.planner.deterministic import DeterministicPlanner
 from services.planner.hyde import MAX_PASSAGE_CHARS, on_topic, trim_passage

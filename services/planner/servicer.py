@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 from grpc import aio
 
-from meshkit.errors import failed_precondition, invalid_argument, unavailable
-from meshkit.identity import GATEWAY, OPS, Callers, allow
-from meshkit.llm import LLM, LLMError, make_llm
-from meshkit.server import Hook, ServiceSpec, text_request_bytes
+from meshkit.core.errors import failed_precondition, invalid_argument, unavailable
+from meshkit.llm.factory import LLM, LLMError, make_llm
+from meshkit.rpc.identity import GATEWAY, OPS, Callers, allow
+from meshkit.rpc.server import Hook, ServiceSpec, text_request_bytes
 from meshkit.settings import PlannerSettings
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from services.planner import metrics

@@ -14,8 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from meshkit.ids import sha256_file
-from meshkit.objectstore import ObjectNotFound, ObjectStore
+from meshkit.domain.ids import sha256_file
+from meshkit.storage.objectstore import ObjectNotFound, ObjectStore
 from services.reranker.model import MANIFEST, ModelLoadError
 
 

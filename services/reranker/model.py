@@ -26,8 +26,8 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
-from meshkit.ids import sha256_file
-from meshkit.onnxrt import CUDA_PROVIDER, ProviderUnavailable, choose_providers, session_options
+from meshkit.domain.ids import sha256_file
+from meshkit.inference.onnxrt import CUDA_PROVIDER, ProviderUnavailable, choose_providers, session_options
 from services.reranker.window import WindowPolicy, best_start, content_ids, word_start
 
 log = logging.getLogger("ragmesh.reranker.model")

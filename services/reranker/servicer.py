@@ -22,13 +22,13 @@ import numpy as np
 from grpc import aio
 from prometheus_client import Counter
 
-from meshkit.batching import MicroBatcher
-from meshkit.errors import failed_precondition, invalid_argument, resource_exhausted
-from meshkit.identity import GATEWAY, OPS, Callers, allow
-from meshkit.ids import check_item_list
-from meshkit.objectstore import ObjectStore
-from meshkit.server import ITEM_OVERHEAD_BYTES, ServiceSpec, text_request_bytes
+from meshkit.core.errors import failed_precondition, invalid_argument, resource_exhausted
+from meshkit.domain.ids import check_item_list
+from meshkit.inference.batching import MicroBatcher
+from meshkit.rpc.identity import GATEWAY, OPS, Callers, allow
+from meshkit.rpc.server import ITEM_OVERHEAD_BYTES, ServiceSpec, text_request_bytes
 from meshkit.settings import RerankerSettings
+from meshkit.storage.objectstore import ObjectStore
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from services.reranker.cache import ScoreCache, Scored, pair_key
 from services.reranker.fetch import fetch_model_dir

@@ -15,7 +15,7 @@ from typing import Literal
 
 from tokenizers import Tokenizer
 
-from meshkit.answering import STOPWORDS
+from meshkit.text.answering import STOPWORDS
 
 WindowPolicy = Literal["head", "overlap"]
 

@@ -1,7 +1,7 @@
 """One collection of the sparse service: a tantivy index (BM25 over title and body, plus a
 lower-cased unstemmed copy for exact phrases), the chunk text files that ripgrep scans, and the
 replication state (fences, log position) and each document's source URI and metadata (indexed for
-metadata filters, meshkit.metadata) in SQLite.
+metadata filters, meshkit.domain.metadata) in SQLite.
 
 Layout under ``<data_dir>/<collection>/``: ``index/`` holds tantivy's files, ``chunks/<2 hex>/
 <chunk_id>.txt`` the text, ``state.sqlite`` the fences and log position. tantivy's commit is the
@@ -32,16 +32,15 @@ from pathlib import Path
 import tantivy
 from tantivy import Occur, Query
 
-from meshkit.answering import content_word_list
+from meshkit.replication.records import DocumentEntry, ReplaceResult
+from meshkit.text.answering import content_word_list
 from services.sparse.chunk_files import ChunkFiles
 from services.sparse.deadlines import check_deadline
 from services.sparse.records import (
     ChunkRecord,
-    DocumentEntry,
     DocumentSourceInfo,
     DocumentUpdate,
     Hit,
-    ReplaceResult,
 )
 from services.sparse.schema import (
     EXACT_TOKENIZER,

@@ -36,21 +36,6 @@ class DocumentUpdate:
 
 
 @dataclass(frozen=True)
-class ReplaceResult:
-    upserted: int
-    removed: int
-    missing_chunk_ids: list[str]
-    stale_doc_ids: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class DocumentEntry:
-    doc_id: str
-    fence: int
-    chunk_ids: list[str]
-
-
-@dataclass(frozen=True)
 class Hit:
     chunk_id: str
     doc_id: str

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 from grpc import aio
 
-from meshkit.errors import deadline_exceeded, invalid_argument, resource_exhausted
-from meshkit.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
-from meshkit.ids import document_page, validate_chunk_id, validate_collection, validate_doc_id
-from meshkit.interceptors import clamp_deadline, deadline_var
-from meshkit.metadata import InvalidFilter, clauses_from_pb, source_problem
-from meshkit.replog import write_timeout
-from meshkit.server import ServiceSpec
+from meshkit.core.errors import deadline_exceeded, invalid_argument, resource_exhausted
+from meshkit.domain.ids import document_page, validate_chunk_id, validate_collection, validate_doc_id
+from meshkit.domain.metadata import InvalidFilter, clauses_from_pb, source_problem
+from meshkit.replication.log import write_timeout
+from meshkit.rpc.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
+from meshkit.rpc.interceptors import clamp_deadline, deadline_var
+from meshkit.rpc.server import ServiceSpec
 from meshkit.settings import SparseSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc

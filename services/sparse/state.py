@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from meshkit.metadata import Clause, MetadataIndex
+from meshkit.domain.metadata import Clause, MetadataIndex
 from services.sparse.records import DocumentSourceInfo
 
 STATE_FILE = "state.sqlite"

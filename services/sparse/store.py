@@ -1,5 +1,5 @@
 """The collections of one sparse replica, fed by the sparse replicated log (start-up,
-positions, quarantine and restores are meshkit.replstore's), and their snapshots in the object
+positions, quarantine and restores are meshkit.replication.store's), and their snapshots in the object
 store (``sparse/<collection>/``), from which a replica with an empty disk comes back.
 
 Writes: the RPC appends its request (the ReplaceDocuments or Delete request itself, a part of
@@ -20,16 +20,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from meshkit.fsutil import fsync_dir
-from meshkit.objectstore import ObjectStore
-from meshkit.remote_snapshots import Pointer, RemoteSnapshots
-from meshkit.replog import LogTransport, transport_for
-from meshkit.replstore import Decoded, ReplicatedStore
+from meshkit.core.fsutil import fsync_dir
+from meshkit.replication.log import LogTransport, transport_for
+from meshkit.replication.records import ReplaceResult
+from meshkit.replication.snapshots import Pointer, RemoteSnapshots
+from meshkit.replication.store import Decoded, ReplicatedStore
 from meshkit.settings import SparseSettings
+from meshkit.storage.objectstore import ObjectStore
 from ragmesh.sparse.v1 import sparse_pb2
 from services.sparse import metrics
 from services.sparse.collection import Collection
-from services.sparse.records import ChunkRecord, DocumentSourceInfo, DocumentUpdate, ReplaceResult
+from services.sparse.records import ChunkRecord, DocumentSourceInfo, DocumentUpdate
 from services.sparse.state import STATE_FILE
 
 log = logging.getLogger(__name__)

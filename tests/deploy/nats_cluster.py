@@ -160,7 +160,7 @@ async def connect(
     servers: list[Server], pki: TestCA, user: str | None, password: str | None = None
 ) -> Client:
     urls = [f"tls://localhost:{s.client}" for s in servers if s.proc is not None and s.proc.poll() is None]
-    # Each user's replies come on its own inbox prefix, as meshkit.natsconn sets it up.
+    # Each user's replies come on its own inbox prefix, as meshkit.storage.natsconn sets it up.
     creds = (
         {"user": user, "password": password or PASSWORDS[user], "inbox_prefix": f"_INBOX_{user}"}
         if user

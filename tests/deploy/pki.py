@@ -1,4 +1,4 @@
-"""A throwaway mesh PKI for the deployment tests, made with the mesh's own (meshkit.pki): a CA
+"""A throwaway mesh PKI for the deployment tests, made with the mesh's own (meshkit.rpc.pki): a CA
 and certificates shaped like the ones the manifests expect (URI SAN spiffe://ragmesh/<identity>,
 the DNS names pods dial, server and client auth)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshkit.identity import spiffe_id
-from meshkit.pki import PKIFiles, issue, new_ca, write_pair
+from meshkit.rpc.identity import spiffe_id
+from meshkit.rpc.pki import PKIFiles, issue, new_ca, write_pair
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import nats.js.errors
 import pytest
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from meshkit.collections import (
+from meshkit.domain.collections import (
     COLLECTIONS_BUCKET,
     CollectionRegistry,
     EmbedderIdentity,

@@ -25,7 +25,7 @@ SUFFIXES = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_c
 def exported_series() -> set[str]:
     """Every series name the code can export (prometheus_client adds _total to counters)."""
     names: set[str] = set()
-    for path in [*ROOT.glob("libs/meshkit/*.py"), *ROOT.glob("services/**/*.py")]:
+    for path in [*ROOT.glob("libs/meshkit/**/*.py"), *ROOT.glob("services/**/*.py")]:
         for kind, name in DEFINITION.findall(path.read_text(encoding="utf-8")):
             base = name.removesuffix("_total") if kind == "Counter" else name
             names |= {base + suffix for suffix in SUFFIXES[kind]}

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from meshkit.metrics import serve_metrics
-from meshkit.pki import PKIFiles, write_pki
+from meshkit.rpc.metrics import serve_metrics
+from meshkit.rpc.pki import PKIFiles, write_pki
+from meshkit.rpc.tls import metrics_tls
 from meshkit.settings import MeshSettings
-from meshkit.tls import metrics_tls
 
 from .loader import load_deploy_module
 from .test_manifests import KUBECTL, Docs, render

@@ -27,7 +27,7 @@ users = load_deploy_module("base/s3/users")
 
 
 def k8s_names(service: str) -> list[str]:
-    """The names `ragmesh certs new --namespace ragmesh` gives a certificate (meshkit.pki)."""
+    """The names `ragmesh certs new --namespace ragmesh` gives a certificate (meshkit.rpc.pki)."""
     svc = f"{service}.ragmesh.svc"
     return [
         service,

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from meshkit.ids import chunk_id_for, shard_of
+from meshkit.domain.ids import chunk_id_for, shard_of
 from meshkit.settings import IngestionSettings
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2

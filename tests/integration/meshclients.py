@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
-from meshkit.tls import ClientTLS, open_channel
+from meshkit.rpc.tls import ClientTLS, open_channel
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc

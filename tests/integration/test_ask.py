@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from meshkit.answering import cited_numbers
+from meshkit.text.answering import cited_numbers
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh_cli.stack import Stack

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from grpc import aio
 
-from meshkit.server import start_service
+from meshkit.rpc.server import start_service
 from meshkit.settings import ExtractorSettings
 from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc
 from services.extractor.servicer import build_spec

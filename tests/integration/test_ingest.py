@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from meshkit.ids import doc_id_problem
+from meshkit.domain.ids import doc_id_problem
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from ragmesh_cli.stack import Stack

@@ -22,7 +22,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from meshkit.ids import doc_key, sha256_hex
+from meshkit.domain.ids import doc_key, sha256_hex
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from ragmesh_cli.stack import Stack

@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 from pydantic import BaseModel, Field
 
-from meshkit.llm import LLMError
-from meshkit.llm_openai import OpenAICompatibleLLM
+from meshkit.llm.factory import LLMError
+from meshkit.llm.openai_compat import OpenAICompatibleLLM
 from meshkit.settings import LLMSettings
 from ragmesh_cli.procutil import free_ports
 from ragmesh_cli.stack import Stack

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from meshkit.evidence_text import evidence_sentences
+from meshkit.text.evidence import evidence_sentences
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from ragmesh_cli.stack import Stack

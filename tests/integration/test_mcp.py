@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from meshkit import pki
+from meshkit.rpc import pki
 from ragmesh_cli.stack import Stack
 from ragmesh_client import TLS, Client, Document
 

@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 import yaml
 
-from meshkit.metrics import serve_metrics
-from meshkit.pki import PKIFiles, write_pki
+from meshkit.rpc.metrics import serve_metrics
+from meshkit.rpc.pki import PKIFiles, write_pki
+from meshkit.rpc.tls import metrics_tls
 from meshkit.settings import MeshSettings
-from meshkit.tls import metrics_tls
 from ragmesh.gateway.v1 import gateway_pb2 as gw
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh_cli import procutil

@@ -1,5 +1,5 @@
 """Collections record their embedder and refuse another; ``ragmesh reindex`` moves a collection
-to a new generation while searches keep answering (meshkit.collections, cli reindex).
+to a new generation while searches keep answering (meshkit.domain.collections, cli reindex).
 
 Against the real stack: the embedder replicas are restarted with the same ONNX file declared
 under another model id, which is exactly what a changed model looks like to the mesh."""
@@ -17,7 +17,7 @@ import grpc
 import nats
 import pytest
 
-from meshkit.collections import COLLECTIONS_BUCKET, CollectionRecord, EmbedderIdentity
+from meshkit.domain.collections import COLLECTIONS_BUCKET, CollectionRecord, EmbedderIdentity
 from meshkit.settings import EmbedderSettings, GatewaySettings
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli import reindex

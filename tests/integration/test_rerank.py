@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from meshkit.objectstore import ObjectStore
 from meshkit.settings import GatewaySettings, MeshSettings, RerankerSettings
+from meshkit.storage.objectstore import ObjectStore
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2

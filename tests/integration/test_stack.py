@@ -180,7 +180,7 @@ def _children(pid: int) -> list[int]:
 
 
 async def test_replicas_and_workers_serve_through_one_target(tmp_path: Path) -> None:
-    from meshkit.client import Downstream
+    from meshkit.rpc.client import Downstream
     from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 
     if "planner" not in available_services():

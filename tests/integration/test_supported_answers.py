@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshkit.answering import cited_numbers, split_sentences, strip_citations
 from meshkit.settings import GatewaySettings
+from meshkit.text.answering import cited_numbers, split_sentences, strip_citations
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh.narrator.v1 import narrator_pb2

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from meshkit.logs import REQUEST_ID_HEADER
-from meshkit.tracing import REQUEST_ID_ATTRIBUTE, read_spans
+from meshkit.core.logs import REQUEST_ID_HEADER
+from meshkit.rpc.tracing import REQUEST_ID_ATTRIBUTE, read_spans
 from ragmesh.gateway.v1 import gateway_pb2 as gw
 from ragmesh.gateway.v1 import gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2 as ing

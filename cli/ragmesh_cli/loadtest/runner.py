@@ -15,7 +15,7 @@ from typing import Any
 
 from grpc import aio
 
-from meshkit.client import channel_options
+from meshkit.rpc.client import channel_options
 from ragmesh_cli.channels import open_channel
 from ragmesh_cli.stats import latency_summary_ms, percentile
 

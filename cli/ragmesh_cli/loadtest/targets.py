@@ -13,8 +13,8 @@ import numpy as np
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 
-from meshkit.answering import split_sentences
-from meshkit.ids import chunk_id_for
+from meshkit.domain.ids import chunk_id_for
+from meshkit.text.answering import split_sentences
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh.extractor.v1 import extractor_pb2

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from meshkit.ids import sha256_file
+from meshkit.domain.ids import sha256_file
 
 if TYPE_CHECKING:
     from ragmesh_cli.rerankerbuild.bert import CrossEncoder

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meshkit.ids import chunk_id_for
+from meshkit.domain.ids import chunk_id_for
 from meshkit.settings import EmbedderSettings, IngestionSettings, SparseSettings
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli.documents import WalkStats, read_corpus

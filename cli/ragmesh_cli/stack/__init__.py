@@ -10,8 +10,8 @@ health, restarts single components and stops everything.
 
 Scale-out: ``replicas`` runs N processes of a stateless kind, each on its own port (the first keeps
 the kind's name, e.g. "reranker"; the others are "reranker-2"...) and ``client_env`` hands callers
-the comma separated list, which meshkit.client balances round-robin. ``processes`` runs a kind as
-N pre-fork workers behind one port (RAGMESH_WORKERS, meshkit.prefork).
+the comma separated list, which meshkit.rpc.client balances round-robin. ``processes`` runs a kind as
+N pre-fork workers behind one port (RAGMESH_WORKERS, meshkit.rpc.prefork).
 
 Secure (``secure=True``, ``ragmesh up --secure``; docs/SECURITY.md): API keys on the gateway and
 the ingestion API, mTLS with one identity per service on every gRPC hop, NATS over TLS with a user
@@ -24,7 +24,7 @@ explicit: JetStream fsyncs before it acknowledges.
 
 The stateful stores take ``replicas`` too: ``{"index": 2, "sparse": 2}`` runs every index shard and
 the sparse store as two replicas that stay identical through their replicated log in NATS
-(meshkit.replog), each with a data dir of its own (``<state_dir>/<component name>``): "index-0",
+(meshkit.replication.log), each with a data dir of its own (``<state_dir>/<component name>``): "index-0",
 "index-0-2", "index-1", ...; "sparse", "sparse-2". Callers get ``a|b`` per shard in
 RAGMESH_INDEX_ADDRESSES and a comma list in RAGMESH_SPARSE_ADDRESS.
 

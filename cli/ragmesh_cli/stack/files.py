@@ -10,7 +10,7 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from meshkit.natsconn import inbox_prefix
+from meshkit.storage.natsconn import inbox_prefix
 from ragmesh_cli import procutil
 from ragmesh_cli.natsconf import nats_config, write_nats_config
 from ragmesh_cli.procutil import LOOPBACK

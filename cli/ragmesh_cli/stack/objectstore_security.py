@@ -26,7 +26,7 @@ import json
 import secrets
 from pathlib import Path
 
-from meshkit.pki import PKIFiles, issue, new_ca, write_pair
+from meshkit.rpc.pki import PKIFiles, issue, new_ca, write_pair
 from ragmesh_cli import procutil
 
 SECURITY_FILE = "security.toml"

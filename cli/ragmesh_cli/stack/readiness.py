@@ -155,7 +155,7 @@ async def probe_component(
         return await asyncio.to_thread(probe_s3, comp.address, access, secret, ca)
     if comp.kind in HTTP_HEALTH_PATHS:
         return await probe_http(f"http://{comp.address}{HTTP_HEALTH_PATHS[comp.kind]}")
-    from meshkit.client import check_health
+    from meshkit.rpc.client import check_health
 
     return await check_health(comp.address, timeout=1.0, tls=client_tls())
 

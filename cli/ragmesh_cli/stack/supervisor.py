@@ -207,10 +207,10 @@ class Stack:
         return self.secrets.api_key(name)
 
     def client_tls(self, identity: str = OPS) -> Any:
-        """How this process reaches the stack's gRPC ports as ``identity`` (meshkit.tls.ClientTLS;
+        """How this process reaches the stack's gRPC ports as ``identity`` (meshkit.rpc.tls.ClientTLS;
         None: plaintext)."""
+        from meshkit.rpc.tls import ClientTLS
         from meshkit.settings import MeshSettings
-        from meshkit.tls import ClientTLS
 
         if self.secrets is None:
             # The environment's TLS settings, never a profile the CLI took from another state dir.

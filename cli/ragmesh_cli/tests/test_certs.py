@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from meshkit.identity import (
+from meshkit.rpc.identity import (
     GATEWAY,
     INGESTION_WORKER,
     MESH_IDENTITIES,
@@ -23,7 +23,7 @@ from meshkit.identity import (
     certificate_identity,
     spiffe_id,
 )
-from meshkit.pki import INFRA_PEERS, INFRA_SERVERS, PKIFiles
+from meshkit.rpc.pki import INFRA_PEERS, INFRA_SERVERS, PKIFiles
 from ragmesh_cli.main import main
 from ragmesh_cli.natsconf import USER_GRANTS, nats_config, permissions
 from ragmesh_cli.secure import SecureMaterial

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meshkit.ids import doc_id_problem
+from meshkit.domain.ids import doc_id_problem
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli import documents
 from ragmesh_cli.documents import InputError, WalkStats

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit.ids import doc_id_problem
+from meshkit.domain.ids import doc_id_problem
 from ragmesh_cli import documents
 from ragmesh_cli.documents import InputError, WalkStats
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from meshkit.auth import KeyStore, digest_of, key_id, load_keys, new_api_key
-from meshkit.keysfile import read_entries, write_entries
+from meshkit.rpc.auth import KeyStore, digest_of, key_id, load_keys, new_api_key
+from meshkit.rpc.keysfile import read_entries, write_entries
 from ragmesh_cli.main import main
 from ragmesh_cli.secure import SecureMaterial
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from meshkit.pki import PKIFiles
+from meshkit.rpc.pki import PKIFiles
 from ragmesh_cli.stack import objectstore_security as oss
 
 

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from grpc import aio
 
-from meshkit.auth import READ, KeyStore, Rule, parse_keys
-from meshkit.server import RunningService, ServiceSpec, start_service
+from meshkit.rpc.auth import READ, KeyStore, Rule, parse_keys
+from meshkit.rpc.server import RunningService, ServiceSpec, start_service
 from meshkit.settings import MeshSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh_cli import channels

@@ -211,7 +211,7 @@ def test_no_key_no_authorization_header(mesh: FakeMesh) -> None:
 
 
 def _pki(tmp_path: Path) -> Path:
-    from meshkit.pki import write_pki
+    from meshkit.rpc.pki import write_pki
 
     return write_pki(tmp_path / "pki", identities=["gateway", "ops"], infra=False).directory
 

@@ -25,7 +25,7 @@ class MeshSettings(BaseSettings):
     log_level: str = Field("INFO", description="Python log level.")
     log_format: Literal["json", "text"] = Field("json", description="Structured JSON or plain text logs.")
     shutdown_grace_s: float = Field(10.0, description="How long SIGTERM waits for in-flight calls.")
-    # --- tracing (meshkit.tracing; docs/OBSERVABILITY.md): off unless one of the two is set ---
+    # --- tracing (meshkit.rpc.tracing; docs/OBSERVABILITY.md): off unless one of the two is set ---
     trace_file: Path | None = Field(
         None,
         description="Append every finished span as one JSON line to this file (all processes may share "

@@ -11,7 +11,7 @@ from meshkit.settings.mesh import MeshSettings
 
 class StoreSettings(MeshSettings):
     """What the stateful stores (index shards, sparse) share: the replicated log their replicas
-    apply (meshkit.replog, docs/ARCHITECTURE.md "Replication and durability")."""
+    apply (meshkit.replication.log, docs/ARCHITECTURE.md "Replication and durability")."""
 
     store_log: Literal["jetstream", "local"] = Field(
         "jetstream",

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER, ProviderUnavailable, choose_providers
+from meshkit.inference.onnxrt import CPU_PROVIDER, CUDA_PROVIDER, ProviderUnavailable, choose_providers
 from meshkit.settings import EmbedderSettings
 from services.embedder.model import EmbeddingModel, ModelLoadError, TextKind
 

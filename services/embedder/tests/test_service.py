@@ -9,7 +9,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from meshkit.server import start_service
+from meshkit.rpc.server import start_service
 from meshkit.settings import EmbedderSettings
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from services.embedder.model import EmbeddingModel, TextKind

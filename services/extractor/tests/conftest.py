@@ -1,4 +1,4 @@
-"""Fakes for the extractor's tests: a scripted LLM implementing meshkit.llm.LLM (replies are
+"""Fakes for the extractor's tests: a scripted LLM implementing meshkit.llm.factory.LLM (replies are
 text, parsed leniently like the real client's) and a bag-of-words embed function."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
-from meshkit.answering import content_words
-from meshkit.llm import LLMError, Messages
-from meshkit.llm_replies import parse_structured
+from meshkit.llm.factory import LLMError, Messages
+from meshkit.llm.replies import parse_structured
 from meshkit.settings import ExtractorSettings
+from meshkit.text.answering import content_words
 from ragmesh.embedder.v1 import embedder_pb2
 from services.extractor.extractive import EmbedError
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from grpc import aio
 
-from meshkit.server import RunningService, ServiceSpec, start_service
+from meshkit.rpc.server import RunningService, ServiceSpec, start_service
 from meshkit.settings import MeshSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc

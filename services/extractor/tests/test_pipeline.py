@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from meshkit.llm import LLMError
+from meshkit.llm.factory import LLMError
 from services.extractor import facts as F
 from services.extractor.facts import Job, Source, resolve_scores
 from services.extractor.pipeline import Extractor

@@ -10,8 +10,8 @@ import grpc
 import pytest
 from grpc import aio
 
-from meshkit.llm import LLMError
-from meshkit.server import RunningService, start_service
+from meshkit.llm.factory import LLMError
+from meshkit.rpc.server import RunningService, start_service
 from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc
 from services.extractor.servicer import build_spec
 from services.extractor.tests.conftest import Call, FakeEmbed, FakeLLM, echo_map, make_settings

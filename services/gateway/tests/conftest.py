@@ -20,8 +20,8 @@ import grpc
 import pytest
 from grpc import aio
 
-from meshkit.ids import chunk_id_for
-from meshkit.server import start_service
+from meshkit.domain.ids import chunk_id_for
+from meshkit.rpc.server import start_service
 from meshkit.settings import GatewaySettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
@@ -412,7 +412,7 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         client_retry_backoff_s=0.01,
         breaker_fail_max=5,
         breaker_reset_s=60,
-        # No NATS: the collection records (meshkit.collections) are unread, whatever NATS may
+        # No NATS: the collection records (meshkit.domain.collections) are unread, whatever NATS may
         # run on this machine's default port; they are tested against real NATS elsewhere.
         nats_url=f"nats://127.0.0.1:{procutil.free_ports(1)[0]}",
     )

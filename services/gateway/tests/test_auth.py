@@ -13,7 +13,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from meshkit.auth import digest_of
+from meshkit.rpc.auth import digest_of
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.gateway.servicer import ACCESS as GATEWAY_ACCESS

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import BaseModel
 
-from meshkit.llm import Messages
-from meshkit.server import start_service
+from meshkit.llm.factory import Messages
+from meshkit.rpc.server import start_service
 from meshkit.settings import NarratorSettings, RerankerSettings
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.narrator.v1 import narrator_pb2

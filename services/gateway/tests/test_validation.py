@@ -6,7 +6,7 @@ from typing import Any
 import grpc
 import pytest
 
-from meshkit.errors import ServiceError
+from meshkit.core.errors import ServiceError
 from meshkit.settings import GatewaySettings
 from ragmesh.gateway.v1 import gateway_pb2 as pb
 from ragmesh.planner.v1 import planner_pb2

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshkit.ids import chunk_id_for, shard_of
+from meshkit.domain.ids import chunk_id_for, shard_of
 from services.index.mutations import ChunkBatch, Replacement
 from services.index.records import IndexPolicy
 from services.index.store import CollectionIndex

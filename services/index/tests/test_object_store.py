@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from meshkit.natsserver import NatsServer, nats_server_binary
-from meshkit.objectstore import ObjectStore
+from meshkit.storage.objectstore import ObjectStore
 from ragmesh.index.v1 import index_pb2
+from tests.support.natsserver import NatsServer, nats_server_binary
 
 from .conftest import cid, random_vectors
 from .test_service import chunk, make_settings, serve, shutdown, vec

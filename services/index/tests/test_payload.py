@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from meshkit.ids import chunk_id_for
-from meshkit.metadata import EQ, EXISTS, IN, NE, Clause
+from meshkit.domain.ids import chunk_id_for
+from meshkit.domain.metadata import EQ, EXISTS, IN, NE, Clause
 from services.index import mutations as mut
 from services.index.mutations import ChunkBatch, Replacement, Source
 from services.index.store import CollectionIndex

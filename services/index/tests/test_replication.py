@@ -15,8 +15,8 @@ import grpc
 import numpy as np
 import pytest
 
-from meshkit.natsserver import NatsServer, nats_server_binary
 from ragmesh.index.v1 import index_pb2
+from tests.support.natsserver import NatsServer, nats_server_binary
 
 from .conftest import cid, random_vectors
 from .test_service import Served, chunk, expect_code, make_settings, serve, shutdown, vec

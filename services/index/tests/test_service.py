@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from grpc import aio
 
-from meshkit.server import RunningService, start_service
+from meshkit.rpc.server import RunningService, start_service
 from meshkit.settings import IndexSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshkit.errors import ServiceError
+from meshkit.core.errors import ServiceError
 from services.index import store as store_module
 from services.index.backends import FlatBackend, VectorTable, faiss
 from services.index.store import CollectionIndex

@@ -29,8 +29,8 @@ import pytest
 from grpc import aio
 from nats.aio.client import Client as NATS
 
-from meshkit.objectstore import ObjectNotFound, ObjectStore
 from meshkit.settings import IngestionSettings
+from meshkit.storage.objectstore import ObjectNotFound, ObjectStore
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc

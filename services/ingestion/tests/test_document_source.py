@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshkit.errors import ServiceError
+from meshkit.core.errors import ServiceError
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion import lifecycle, lifecycle_requests
 

@@ -1,4 +1,4 @@
-"""The collection's embedder record on the write path (meshkit.collections): the real API and
+"""The collection's embedder record on the write path (meshkit.domain.collections): the real API and
 workers on a real nats-server with production timings, fake stores and embedder (conftest) whose
 reply identity the test swaps, as a restart of the embedder with another model would."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import nats
 
-from meshkit.collections import COLLECTIONS_BUCKET, CollectionRecord, EmbedderIdentity
+from meshkit.domain.collections import COLLECTIONS_BUCKET, CollectionRecord, EmbedderIdentity
 from ragmesh.ingestion.v1 import ingestion_pb2
 
 from .conftest import Harness

@@ -8,8 +8,8 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit.front_matter import split_front_matter
-from meshkit.metadata import metadata_problem
+from meshkit.domain.metadata import metadata_problem
+from meshkit.text.front_matter import split_front_matter
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.frontmatter import (
     MAX_FRONT_MATTER_KEYS,

@@ -9,7 +9,7 @@ import asyncio
 import time
 from typing import Any
 
-from meshkit.collections import COLLECTIONS_BUCKET, CollectionRecord, EmbedderIdentity
+from meshkit.domain.collections import COLLECTIONS_BUCKET, CollectionRecord, EmbedderIdentity
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.events import IngestEvent
 from services.ingestion.lifecycle_entries import DocStatus

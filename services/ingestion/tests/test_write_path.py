@@ -17,8 +17,8 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from meshkit.errors import ServiceError
-from meshkit.ids import doc_key
+from meshkit.core.errors import ServiceError
+from meshkit.domain.ids import doc_key
 from ragmesh.ingestion.v1 import ingestion_pb2
 
 from .conftest import STATUS_BUCKET, Harness

@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from meshkit.ids import sha256_hex
+from meshkit.domain.ids import sha256_hex
 from ragmesh.ingestion.v1 import ingestion_pb2
 
 INDEXED = ingestion_pb2.DOCUMENT_STATE_INDEXED

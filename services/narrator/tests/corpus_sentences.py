@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshkit.evidence_text import evidence_sentences
+from meshkit.text.evidence import evidence_sentences
 from services.narrator.degenerate import find_repeat, repeats, words
 from services.narrator.verify import answer_sentences
 

@@ -1,4 +1,4 @@
-"""A scripted LLM implementing meshkit.llm.LLM, and the evidence the tests answer from."""
+"""A scripted LLM implementing meshkit.llm.factory.LLM, and the evidence the tests answer from."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from meshkit.llm import LLMError, Messages
-from meshkit.llm_replies import parse_structured
+from meshkit.llm.factory import LLMError, Messages
+from meshkit.llm.replies import parse_structured
 from services.narrator.model import Fact, Mode, NarrationInput, Source, Turn
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from meshkit.llm import LLMError
+from meshkit.llm.factory import LLMError
 from services.narrator.contradictions import (
     MAX_CONTRADICTIONS,
     ContradictionItem,

@@ -11,7 +11,7 @@ import re
 
 from prometheus_client import REGISTRY
 
-from meshkit.answering import coverage, strip_citations
+from meshkit.text.answering import coverage, strip_citations
 from services.narrator.model import Answer, Mode, RejectReason
 from services.narrator.narrate import Event, Narrator
 from services.narrator.tests.fakes import FACTS, FakeLLM, StreamStep, narration

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from services.narrator.extractive import best_facts, extractive_answer
+from meshkit.text.extractive import best_facts
+from services.narrator.extractive import extractive_answer
 from services.narrator.model import Fact, Mode
 from services.narrator.tests.fakes import FACTS
 

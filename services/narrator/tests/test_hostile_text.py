@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit.answering import strip_citations
 from meshkit.settings import NarratorSettings
+from meshkit.text.answering import strip_citations
 from services.narrator import envelope, narrate, verify
 from services.narrator.envelope import VisibleText, clean_output
 from services.narrator.model import Answer

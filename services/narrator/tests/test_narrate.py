@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from prometheus_client import REGISTRY
 
-from meshkit.answering import NOT_FOUND_PHRASE
-from meshkit.llm import LLMError
+from meshkit.llm.factory import LLMError
 from meshkit.settings import NarratorSettings
+from meshkit.text.answering import NOT_FOUND_PHRASE
 from services.narrator.model import (
     Answer,
     Fact,

@@ -9,9 +9,9 @@ import grpc
 import pytest
 from grpc import aio
 
-from meshkit.answering import NOT_FOUND_PHRASE
-from meshkit.server import RunningService, start_service
+from meshkit.rpc.server import RunningService, start_service
 from meshkit.settings import NarratorSettings
+from meshkit.text.answering import NOT_FOUND_PHRASE
 from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
 from services.narrator.servicer import build_spec
 from services.narrator.tests.fakes import FACTS, QUERY, SOURCES, FakeLLM, Pause, StreamStep, unavailable

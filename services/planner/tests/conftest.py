@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from meshkit.llm import LLMError, Messages, ModelT
-from meshkit.llm_replies import parse_structured
+from meshkit.llm.factory import LLMError, Messages, ModelT
+from meshkit.llm.replies import parse_structured
 
 
 @dataclass

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from meshkit.llm import LLMError
+from meshkit.llm.factory import LLMError
 from services.planner.deterministic import DeterministicPlanner, PoolSizes
 from services.planner.hyde import (
     HYDE_MAX_TOKENS,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from meshkit.llm import LLMError
+from meshkit.llm.factory import LLMError
 from services.planner.deterministic import DeterministicPlanner, PoolSizes
 from services.planner.llm import MAX_QUESTION_CHARS, MAX_SUB_QUERIES, PROMPT_TURN_CHARS, LLMPlanner
 from services.planner.plan import HydeMode, PlanInput, Strategy, Turn

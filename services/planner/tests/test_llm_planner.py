@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from meshkit.llm import LLMError
+from meshkit.llm.factory import LLMError
 from services.planner.deterministic import DeterministicPlanner, PoolSizes
 from services.planner.llm import MAX_VARIATION_CHARS, LLMPlanner
 from services.planner.plan import HydeMode, PlanInput, Strategy

@@ -8,7 +8,7 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from meshkit.server import start_service
+from meshkit.rpc.server import start_service
 from meshkit.settings import PlannerSettings
 from ragmesh.planner.v1 import planner_pb2 as pb
 from ragmesh.planner.v1 import planner_pb2_grpc

@@ -10,8 +10,8 @@ import grpc
 import pytest
 from grpc import aio
 
-from meshkit.llm import LLMError
-from meshkit.server import start_service
+from meshkit.llm.factory import LLMError
+from meshkit.rpc.server import start_service
 from meshkit.settings import PlannerSettings
 from ragmesh.planner.v1 import planner_pb2 as pb
 from ragmesh.planner.v1 import planner_pb2_grpc

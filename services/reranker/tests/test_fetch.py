@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from meshkit.objectstore import ObjectNotFound, ObjectStore
+from meshkit.storage.objectstore import ObjectNotFound, ObjectStore
 from services.reranker.fetch import fetch_model_dir
 from services.reranker.model import MANIFEST, MODEL_FILE, TOKENIZER_FILE, CrossEncoderModel, ModelLoadError
 

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Encoding
 
-from meshkit.onnxrt import CPU_PROVIDER, CUDA_PROVIDER
+from meshkit.inference.onnxrt import CPU_PROVIDER, CUDA_PROVIDER
 from services.reranker.model import (
     MANIFEST,
     MODEL_FILE,

@@ -11,9 +11,9 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from meshkit.ids import sha256_file
-from meshkit.onnxrt import CPU_PROVIDER
-from meshkit.server import RunningService, start_service
+from meshkit.domain.ids import sha256_file
+from meshkit.inference.onnxrt import CPU_PROVIDER
+from meshkit.rpc.server import RunningService, start_service
 from meshkit.settings import RerankerSettings
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from services.reranker.model import MODEL_FILE, CrossEncoderModel

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from meshkit.ids import chunk_id_for
+from meshkit.domain.ids import chunk_id_for
 from services.sparse.collection import Collection
 from services.sparse.records import ChunkRecord, DocumentUpdate
 

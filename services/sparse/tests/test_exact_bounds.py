@@ -19,8 +19,8 @@ from grpc import aio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit.ids import chunk_id_for
-from meshkit.server import start_service
+from meshkit.domain.ids import chunk_id_for
+from meshkit.rpc.server import start_service
 from meshkit.settings import SparseSettings
 from ragmesh.sparse.v1 import sparse_pb2 as pb
 from ragmesh.sparse.v1 import sparse_pb2_grpc

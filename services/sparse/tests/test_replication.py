@@ -14,8 +14,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from meshkit.natsserver import NatsServer, nats_server_binary
-from meshkit.server import RunningService, start_service
+from meshkit.rpc.server import RunningService, start_service
 from meshkit.settings import SparseSettings
 from ragmesh.sparse.v1 import sparse_pb2 as pb
 from ragmesh.sparse.v1 import sparse_pb2_grpc
@@ -23,6 +22,7 @@ from services.sparse.collection import Collection
 from services.sparse.records import DocumentUpdate
 from services.sparse.servicer import build_spec
 from services.sparse.store import SparseStore, _pack, _unpack
+from tests.support.natsserver import NatsServer, nats_server_binary
 
 from .conftest import COLLECTION, chunk, open_collection, put
 from .test_service import text_chunk

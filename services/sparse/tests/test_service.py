@@ -9,8 +9,8 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from meshkit.ids import chunk_id_for
-from meshkit.server import start_service
+from meshkit.domain.ids import chunk_id_for
+from meshkit.rpc.server import start_service
 from meshkit.settings import SparseSettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.sparse.v1 import sparse_pb2 as pb

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from meshkit.tls import ClientTLS
+from meshkit.rpc.tls import ClientTLS
 from ragmesh_cli.stack import ALL_SERVICES, Stack
 from tests.integration.meshclients import Mesh
 

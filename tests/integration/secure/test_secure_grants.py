@@ -13,10 +13,10 @@ import nats.errors
 import pytest
 from minio.error import InvalidResponseError, S3Error
 
-from meshkit.identity import INDEX, INGESTION, INGESTION_WORKER, OPS, SPARSE
-from meshkit.natsconn import connect_options
-from meshkit.objectstore import ObjectStore
+from meshkit.rpc.identity import INDEX, INGESTION, INGESTION_WORKER, OPS, SPARSE
 from meshkit.settings import MeshSettings
+from meshkit.storage.natsconn import connect_options
+from meshkit.storage.objectstore import ObjectStore
 from ragmesh_cli.secure import DOCUMENTS, IDENTITY_OF_KIND, LLM_CLIENTS, MODELS, S3_GRANTS, SNAPSHOTS
 from ragmesh_cli.stack import Stack
 

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from meshkit.tls import ClientTLS, open_channel
+from meshkit.rpc.tls import ClientTLS, open_channel
 from ragmesh.ingestion.v1 import ingestion_pb2 as ing
 from ragmesh.ingestion.v1 import ingestion_pb2_grpc
 from ragmesh_cli.main import main

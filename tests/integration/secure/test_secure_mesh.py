@@ -27,8 +27,8 @@ import httpx
 import pytest
 from grpc import aio
 
-from meshkit.identity import EMBEDDER, EXTRACTOR, GATEWAY, INDEX, INGESTION, INGESTION_WORKER, SPARSE
-from meshkit.tls import ClientTLS, open_channel
+from meshkit.rpc.identity import EMBEDDER, EXTRACTOR, GATEWAY, INDEX, INGESTION, INGESTION_WORKER, SPARSE
+from meshkit.rpc.tls import ClientTLS, open_channel
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc

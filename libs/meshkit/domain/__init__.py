@@ -1,0 +1,1 @@
+"""Collection names, document ids, metadata filters, collection records (README.md)."""

@@ -1,0 +1,1 @@
+"""Running models in-process: ONNX Runtime sessions, micro-batching (README.md)."""

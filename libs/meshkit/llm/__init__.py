@@ -1,0 +1,1 @@
+"""The LLM client: OpenAI-compatible servers and vLLM (README.md)."""

@@ -1,0 +1,1 @@
+"""Stores kept identical across replicas: the replicated log and store (README.md)."""

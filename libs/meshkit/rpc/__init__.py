@@ -1,0 +1,1 @@
+"""The gRPC platform: server, interceptors, keys, identities, TLS, client, metrics (README.md)."""

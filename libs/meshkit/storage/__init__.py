@@ -1,0 +1,1 @@
+"""Connections to NATS and the S3 object store (README.md)."""
