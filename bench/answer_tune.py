@@ -12,7 +12,7 @@
 the mesh's search) searches each question once through the gateway (the passages an Ask reads, with
 their rerank scores) and scores every candidate sentence of them against the question with the
 shipped cross-encoder in this process (the same pairs the gateway sends the reranker), caching
-it all under .cache/answer_tune/. ``tune`` replays services.gateway.sentences.select, the code
+it all under .cache/answer_tune/. ``tune`` replays services.gateway.answer.sentences.select, the code
 the gateway runs, over the cache for a grid of rules and prints, per rule: answered share and
 gold-cited share, citation precision and rationale recall on answerable sets, the refused share
 on unanswerable ones. ``ask`` asks a question file through the gateway's Ask (answered, gold
@@ -40,7 +40,7 @@ from ragmesh_cli.channels import gateway_client
 from ragmesh_cli.datasets import BeirDataset, load_dataset
 from ragmesh_cli.rerankerbuild.build import VALIDATION_SHARE
 from ragmesh_cli.rerankerbuild.mining import split_claims
-from services.gateway.sentences import Candidate, Scored, SelectionRules, candidates, select
+from services.gateway.answer.sentences import Candidate, Scored, SelectionRules, candidates, select
 from services.reranker.model import CrossEncoderModel
 
 CACHE = Path(".cache/answer_tune")

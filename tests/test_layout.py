@@ -211,6 +211,95 @@ def test_the_floor_check_sees_an_upward_import() -> None:
     assert upward_imports(graph, MESHKIT_FLOORS) == ["meshkit.core.errors -> meshkit.rpc.tracing"]
 
 
+# ---------------------------------------------------------------------------- walls between services
+
+SERVICES_DIR = ROOT / "services"
+# A service shows the others only this module (docs/ARCHITECTURE.md, "What a service shows").
+PUBLIC_MODULE = "public"
+
+
+def service_modules() -> dict[str, Path]:
+    """Every non-test module of services/ and the CLI, by dotted name."""
+    modules = {m: p for m, p in module_files("services", SERVICES_DIR).items() if "tests" not in m.split(".")}
+    modules.update(module_files("ragmesh_cli", LAYERED_PACKAGES["ragmesh_cli"]))
+    return {m: p for m, p in modules.items() if "tests" not in m.split(".")}
+
+
+def service_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "services" and len(parts) > 1 else None
+
+
+def reaches_into_another_service(module: str, imported: str) -> bool:
+    """Whether ``module`` imports another service's module other than its public one."""
+    target = service_of(imported)
+    if target is None or target == service_of(module):
+        return False
+    parts = imported.split(".")
+    return len(parts) > 2 and parts[2] != PUBLIC_MODULE
+
+
+def cross_service_imports(graph: Mapping[str, set[str]]) -> list[str]:
+    return [
+        f"{module} -> {imported}"
+        for module, targets in sorted(graph.items())
+        for imported in sorted(targets)
+        if reaches_into_another_service(module, imported)
+    ]
+
+
+def test_no_service_reaches_into_another() -> None:
+    """Services and the CLI import, of another service, only its public module (tests and
+    bench scripts may start a service in-process)."""
+    graph = import_graph({**service_modules(), **module_files("services", SERVICES_DIR)})
+    own = set(service_modules())
+    assert not cross_service_imports({m: t for m, t in graph.items() if m in own})
+
+
+def test_the_wall_check_sees_a_servicer_import() -> None:
+    graph = {
+        "services.gateway.planning": {"services.planner.servicer", "services.planner.public"},
+        "ragmesh_cli.ingest": {"services.ingestion.chunking"},
+    }
+    assert cross_service_imports(graph) == [
+        "ragmesh_cli.ingest -> services.ingestion.chunking",
+        "services.gateway.planning -> services.planner.servicer",
+    ]
+
+
+ANSWER_WING = "services.gateway.answer"
+# The gateway's modules that wire both wings together.
+GATEWAY_WIRING = {"services.gateway.servicer", "services.gateway.__main__"}
+
+
+def test_the_search_wing_never_imports_the_answer_wing() -> None:
+    modules = {
+        m: p for m, p in module_files("services", SERVICES_DIR).items() if m.startswith("services.gateway")
+    }
+    modules = {m: p for m, p in modules.items() if "tests" not in m.split(".")}
+    assert any(m.startswith(ANSWER_WING + ".") for m in modules), "no answer wing found"
+    graph = import_graph(modules)
+    search = [m for m in modules if not m.startswith(ANSWER_WING) and m not in GATEWAY_WIRING]
+    crossing = sorted(f"{m} -> {t}" for m in search for t in graph[m] if t.startswith(ANSWER_WING))
+    assert not crossing, crossing
+
+
+MAX_GATEWAY_CLASS_LINES = 150
+
+
+def test_no_gateway_class_over_150_lines() -> None:
+    oversized = []
+    for path in (SERVICES_DIR / "gateway").rglob("*.py"):
+        if "tests" in path.parts:
+            continue
+        for node in ast.walk(parse(path)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_GATEWAY_CLASS_LINES:
+                    oversized.append(f"{path.relative_to(ROOT)}:{node.name} ({lines} lines)")
+    assert not oversized, oversized
+
+
 # ---------------------------------------------------------------------------- module size
 
 

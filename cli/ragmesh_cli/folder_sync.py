@@ -8,7 +8,8 @@ folder, its file no longer exists there, and no file of this walk has its doc id
 ingested from another folder (another prefix, even with the same relative doc id: the latest
 submission's source_uri decides), corpus records and documents submitted through the API
 without a file:// source never match, so a sync never deletes them. Stale documents go through
-the normal DeleteDocuments path: their chunks leave the index, sparse and object stores.
+the normal DeleteDocuments path: their chunks leave the index, sparse and object stores. The
+listing and the deletions go through ragmesh_client (``list_documents``, ``delete``).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
+from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli.documents import DEFAULT_MAX_FILE_BYTES
+from ragmesh_client import AsyncClient, DocumentSummary
 
 LIST_PAGE = 1000
 DELETE_BATCH = 256
 RPC_TIMEOUT_S = 60.0
 # States whose document is on its way out already: nothing to delete.
-_LEAVING = frozenset({ingestion_pb2.DOCUMENT_STATE_DELETING, ingestion_pb2.DOCUMENT_STATE_DELETED})
+_LEAVING = frozenset({"deleting", "deleted"})
 
 
 @dataclass
@@ -52,25 +54,19 @@ def source_path(source_uri: str) -> Path | None:
     return Path(unquote(parsed.path))
 
 
-async def list_documents(
-    stub: ingestion_pb2_grpc.IngestionServiceStub, collection: str, prefix: str = ""
-) -> list[ingestion_pb2.DocumentSummary]:
-    """Every document of ``collection`` (under ``prefix``), page by page."""
-    found: list[ingestion_pb2.DocumentSummary] = []
-    after = ""
-    while True:
-        request = ingestion_pb2.ListDocumentsRequest(
-            collection=collection, source_uri_prefix=prefix, limit=LIST_PAGE, after_doc_id=after
-        )
-        reply = await stub.ListDocuments(request, timeout=RPC_TIMEOUT_S)
-        found.extend(reply.documents)
-        if not reply.next_after_doc_id:
-            return found
-        after = reply.next_after_doc_id
+async def list_documents(client: AsyncClient, collection: str, prefix: str = "") -> list[DocumentSummary]:
+    """Every document of ``collection`` (under ``prefix``), page by page from a cursor. Under a
+    prefix (a folder) in source order (``list_folder``): each page is a range of the API's source
+    index, so listing a folder costs the folder's size, not the collection's."""
+    if prefix:
+        pages = client.list_folder(collection, prefix, page_size=LIST_PAGE, timeout=RPC_TIMEOUT_S)
+    else:
+        pages = client.list_documents(collection, page_size=LIST_PAGE, timeout=RPC_TIMEOUT_S)
+    return [summary async for summary in pages]
 
 
 def stale_documents(
-    listing: Iterable[ingestion_pb2.DocumentSummary], roots: Sequence[Path], walked_ids: set[str]
+    listing: Iterable[DocumentSummary], roots: Sequence[Path], walked_ids: set[str]
 ) -> list[str]:
     """Doc ids under one of ``roots`` whose file is gone (see the module docstring)."""
     prefixes = tuple(folder_prefix(root) for root in roots)
@@ -84,19 +80,12 @@ def stale_documents(
     return stale
 
 
-async def delete_documents(
-    stub: ingestion_pb2_grpc.IngestionServiceStub, collection: str, doc_ids: Sequence[str]
-) -> None:
+async def delete_documents(client: AsyncClient, collection: str, doc_ids: Sequence[str]) -> None:
     for start in range(0, len(doc_ids), DELETE_BATCH):
-        request = ingestion_pb2.DeleteDocumentsRequest(
-            collection=collection, doc_ids=list(doc_ids[start : start + DELETE_BATCH])
-        )
-        await stub.DeleteDocuments(request, timeout=RPC_TIMEOUT_S)
+        await client.delete(collection, list(doc_ids[start : start + DELETE_BATCH]), timeout=RPC_TIMEOUT_S)
 
 
-def classify(
-    docs: Iterable[ingestion_pb2.Document], listing: Iterable[ingestion_pb2.DocumentSummary]
-) -> SyncPlan:
+def classify(docs: Iterable[ingestion_pb2.Document], listing: Iterable[DocumentSummary]) -> SyncPlan:
     """What submitting ``docs`` would do: add (no such document), update (other bytes or
     another source) or leave unchanged."""
     held = {doc.doc_id: doc for doc in listing if doc.state not in _LEAVING}

@@ -1,5 +1,7 @@
 """``ragmesh ingest``: stream documents to IngestionService in batches (a few requests in
-flight), then optionally wait until the collection has indexed them and report failures.
+flight), then optionally wait until the collection has indexed them and report failures. It
+calls the API through ragmesh_client, like every other command (``channels.ingestion_client``:
+the CLI's address, TLS and API key).
 
 Forgiving: a file that cannot be ingested (empty, unsupported, too large, not UTF-8...) is
 skipped and listed with its reason, and a document the service rejects is listed with the
@@ -19,21 +21,19 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
+from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli import documents, folder_sync
-from ragmesh_cli.channels import open_channel
+from ragmesh_cli.channels import ingestion_client
 from ragmesh_cli.documents import DetectFormat, InputError, WalkStats
+from ragmesh_client import AsyncClient, Document, DocumentStatus
+from ragmesh_client import IngestResult as Submissions
 
 REQUEST_TIMEOUT_S = 300.0
+STATUS_TIMEOUT_S = 60.0
+COLLECTION_STATUS_TIMEOUT_S = 30.0
 STATUS_CHUNK = 500
 POLL_INTERVAL_S = 1.0
-PENDING_STATES = frozenset(
-    {
-        ingestion_pb2.DOCUMENT_STATE_QUEUED,
-        ingestion_pb2.DOCUMENT_STATE_PROCESSING,
-        ingestion_pb2.DOCUMENT_STATE_DELETING,
-    }
-)
+PENDING_STATES = frozenset({"queued", "processing", "deleting"})
 
 
 @dataclass
@@ -79,8 +79,22 @@ def _next_batch(it: Iterator[list[ingestion_pb2.Document]]) -> list[ingestion_pb
     return next(it, None)
 
 
+def client_document(doc: ingestion_pb2.Document) -> Document:
+    """A walked document (``ragmesh_cli.documents`` gives contract messages, sized in batches by
+    their wire size) as the client sends it: the same fields, the format by its name."""
+    fmt = ingestion_pb2.DocumentFormat.Name(doc.format).removeprefix("DOCUMENT_FORMAT_").lower()
+    return Document(
+        doc_id=doc.doc_id,
+        content=doc.content,
+        title=doc.title,
+        format=fmt,
+        source_uri=doc.source_uri,
+        metadata=dict(doc.metadata),
+    )
+
+
 async def submit(
-    stub: ingestion_pb2_grpc.IngestionServiceStub,
+    client: AsyncClient,
     collection: str,
     paths: Sequence[Path],
     detect: DetectFormat,
@@ -91,26 +105,26 @@ async def submit(
     max_bytes: int = documents.DEFAULT_BATCH_BYTES,
     max_file_bytes: int = documents.DEFAULT_MAX_FILE_BYTES,
 ) -> IngestResult:
-    """Send every document under ``paths``; raises aio.AioRpcError on the first failed request
-    (requests already in flight are cancelled)."""
+    """Send every document under ``paths``; raises ragmesh_client.RagmeshError on the first failed
+    request (requests already in flight are cancelled)."""
     documents.check_explicit_files(paths, detect)
     result = IngestResult()
     docs = documents.iter_documents(paths, detect, stats, _warn, max_file_bytes)
     batch_iter = documents.batches(docs, max_docs=max_docs, max_bytes=max_bytes)
-    in_flight: set[asyncio.Task[ingestion_pb2.IngestDocumentsResponse]] = set()
+    in_flight: set[asyncio.Task[Submissions]] = set()
     with tqdm(desc="submitted", unit="doc", file=sys.stderr) as bar:
 
-        def account(task: asyncio.Task[ingestion_pb2.IngestDocumentsResponse]) -> None:
+        def account(task: asyncio.Task[Submissions]) -> None:
             reply = task.result()
-            for item in reply.results:
-                if item.outcome == ingestion_pb2.SUBMIT_OUTCOME_REJECTED:
+            for item in reply:
+                if item.outcome == "rejected":
                     result.rejected.append((item.doc_id, item.reason))
-                elif item.outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED:
+                elif item.outcome == "unchanged":
                     result.unchanged += 1
                 else:
                     result.queued += 1
                     result.queued_ids.append(item.doc_id)
-            bar.update(len(reply.results))
+            bar.update(len(reply))
 
         try:
             while True:
@@ -118,9 +132,11 @@ async def submit(
                 batch = await asyncio.to_thread(_next_batch, batch_iter)
                 if batch is None:
                     break
-                request = ingestion_pb2.IngestDocumentsRequest(collection=collection, documents=batch)
                 result.submitted += len(batch)
-                in_flight.add(asyncio.ensure_future(stub.IngestDocuments(request, timeout=REQUEST_TIMEOUT_S)))
+                sent = client.ingest(
+                    collection, [client_document(d) for d in batch], timeout=REQUEST_TIMEOUT_S
+                )
+                in_flight.add(asyncio.ensure_future(sent))
                 if len(in_flight) >= max_in_flight:
                     done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
@@ -136,36 +152,31 @@ async def submit(
 
 
 async def document_statuses(
-    stub: ingestion_pb2_grpc.IngestionServiceStub, collection: str, doc_ids: Sequence[str]
-) -> list[ingestion_pb2.DocumentStatus]:
-    statuses: list[ingestion_pb2.DocumentStatus] = []
+    client: AsyncClient, collection: str, doc_ids: Sequence[str]
+) -> list[DocumentStatus]:
+    statuses: list[DocumentStatus] = []
     for start in range(0, len(doc_ids), STATUS_CHUNK):
-        request = ingestion_pb2.GetDocumentStatusRequest(
-            collection=collection, doc_ids=doc_ids[start : start + STATUS_CHUNK]
-        )
-        reply = await stub.GetDocumentStatus(request, timeout=60.0)
-        statuses.extend(reply.documents)
+        chunk = doc_ids[start : start + STATUS_CHUNK]
+        statuses.extend(await client.document_status(collection, chunk, timeout=STATUS_TIMEOUT_S))
     return statuses
 
 
 async def wait_indexed(
-    stub: ingestion_pb2_grpc.IngestionServiceStub, collection: str, doc_ids: Sequence[str], timeout_s: float
-) -> list[ingestion_pb2.DocumentStatus] | None:
+    client: AsyncClient, collection: str, doc_ids: Sequence[str], timeout_s: float
+) -> list[DocumentStatus] | None:
     """Poll until nothing is queued or processing in the collection and none of ``doc_ids`` is
     pending; returns their final statuses, or None on timeout."""
     deadline = time.monotonic() + timeout_s
     with tqdm(desc="indexed", unit="doc", file=sys.stderr) as bar:
         while True:
-            status = await stub.GetCollectionStatus(
-                ingestion_pb2.GetCollectionStatusRequest(collection=collection), timeout=30.0
-            )
+            status = await client.collection_status(collection, timeout=COLLECTION_STATUS_TIMEOUT_S)
             bar.total = status.indexed + status.queued + status.processing + status.failed
             bar.n = status.indexed
             bar.set_postfix(queued=status.queued, processing=status.processing, failed=status.failed)
             bar.refresh()
             if status.queued == 0 and status.processing == 0:
                 # Collection counts can lag a submit; the per-document states are authoritative.
-                statuses = await document_statuses(stub, collection, doc_ids)
+                statuses = await document_statuses(client, collection, doc_ids)
                 if not any(s.state in PENDING_STATES for s in statuses):
                     return statuses
             if time.monotonic() >= deadline:
@@ -196,7 +207,7 @@ def _print_skipped(stats: WalkStats) -> None:
         print(f"skipped {len(stats.duplicates)} duplicate doc ids")
 
 
-def _print_failures(failed: Sequence[ingestion_pb2.DocumentStatus]) -> None:
+def _print_failures(failed: Sequence[DocumentStatus]) -> None:
     print(f"{len(failed)} documents failed:")
     for status in failed:
         print(f"  {status.doc_id}: {status.reason or 'no reason given'} (attempts {status.attempts})")
@@ -216,7 +227,7 @@ def _sync_roots(paths: Sequence[Path]) -> list[Path]:
 
 
 async def _dry_run(
-    stub: ingestion_pb2_grpc.IngestionServiceStub,
+    client: AsyncClient,
     collection: str,
     paths: Sequence[Path],
     detect: DetectFormat,
@@ -224,7 +235,7 @@ async def _dry_run(
 ) -> int:
     documents.check_explicit_files(paths, detect)
     stats = WalkStats()
-    listing = await folder_sync.list_documents(stub, collection)
+    listing = await folder_sync.list_documents(client, collection)
     docs = documents.iter_documents(paths, detect, stats, _warn, options.max_file_bytes)
     plan = await asyncio.to_thread(folder_sync.classify, docs, listing)
     if options.sync:
@@ -239,13 +250,11 @@ async def _dry_run(
     return 1 if options.strict and (stats.skipped or stats.duplicates) else 0
 
 
-async def _sync(
-    stub: ingestion_pb2_grpc.IngestionServiceStub, collection: str, roots: Sequence[Path], stats: WalkStats
-) -> list[str]:
+async def _sync(client: AsyncClient, collection: str, roots: Sequence[Path], stats: WalkStats) -> list[str]:
     """Delete the stale documents of ``roots``; their ids."""
     listing = []
     for root in roots:
-        listing.extend(await folder_sync.list_documents(stub, collection, folder_sync.folder_prefix(root)))
+        listing.extend(await folder_sync.list_documents(client, collection, folder_sync.folder_prefix(root)))
     stale = folder_sync.stale_documents(listing, roots, stats.walked_ids)
     if stale and not stats.walked_ids:
         # An empty folder (an unmounted share, a wrong path) must not empty the collection.
@@ -254,7 +263,7 @@ async def _sync(
             "delete them with `ragmesh delete` if that is meant"
         )
         return []
-    await folder_sync.delete_documents(stub, collection, stale)
+    await folder_sync.delete_documents(client, collection, stale)
     _print_ids("deleted (files gone)", stale)
     return stale
 
@@ -270,17 +279,17 @@ async def run_ingest(
     max_in_flight: int = 4,
     options: FolderOptions | None = None,
 ) -> int:
-    """The whole command; returns the exit code. gRPC errors propagate (main prints them)."""
+    """The whole command; returns the exit code. The client's errors (RagmeshError) propagate
+    (main prints them)."""
     options = options or FolderOptions()
     detector = detect or load_detector()
     roots = _sync_roots(paths) if options.sync else []
     stats = WalkStats()
-    async with open_channel(address) as channel:
-        stub = ingestion_pb2_grpc.IngestionServiceStub(channel)
+    async with ingestion_client(address) as client:
         if options.dry_run:
-            return await _dry_run(stub, collection, paths, detector, options)
+            return await _dry_run(client, collection, paths, detector, options)
         result = await submit(
-            stub,
+            client,
             collection,
             paths,
             detector,
@@ -289,16 +298,16 @@ async def run_ingest(
             max_file_bytes=options.max_file_bytes,
         )
         _print_summary(collection, result, stats)
-        deleted = await _sync(stub, collection, roots, stats) if options.sync else []
+        deleted = await _sync(client, collection, roots, stats) if options.sync else []
         code = _exit_code(result, stats, options)
         if not wait or not (result.queued_ids or deleted):
             return code
-        statuses = await wait_indexed(stub, collection, [*result.queued_ids, *deleted], timeout_s)
+        statuses = await wait_indexed(client, collection, [*result.queued_ids, *deleted], timeout_s)
         if statuses is None:
             print(f"timed out after {timeout_s:.0f}s waiting for collection {collection!r} to be indexed")
             return 1
-        failed = [s for s in statuses if s.state == ingestion_pb2.DOCUMENT_STATE_FAILED]
-        indexed = sum(1 for s in statuses if s.state == ingestion_pb2.DOCUMENT_STATE_INDEXED)
+        failed = [s for s in statuses if s.state == "failed"]
+        indexed = sum(1 for s in statuses if s.state == "indexed")
         print(f"indexed {indexed} of {len(result.queued_ids)} queued documents")
         if failed:
             _print_failures(failed)

@@ -76,3 +76,18 @@ class Degradations:
 
     def as_list(self) -> list[Degradation]:
         return list(self.items.values())
+
+
+def from_error(stage: str, exc: DownstreamError) -> Degradation:
+    """A stage's failed call, reported as Degradations.add_error reports one."""
+    return Degradation(
+        stage, REASON_OF.get(exc.reason, ERROR), exc.target, f"{exc.target}: {exc.reason}: {exc.message}"
+    )
+
+
+def from_reason(stage: str, target: str, reason_text: str) -> Degradation:
+    """A stage's own "<reason>: <detail>" report (its LLM failed, it carried on without)."""
+    reason, _, detail = reason_text.partition(":")
+    return Degradation(
+        stage, REASON_OF.get(reason.strip(), ERROR), target, reason_text if not detail else detail.strip()
+    )

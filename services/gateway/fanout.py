@@ -1,34 +1,55 @@
-"""The retrieval calls of one search (dense: embed then every index shard; BM25; exact), run
-concurrently under the leg deadline. A leg that fails or is late is cancelled and reported as a
-degradation; the answer comes from the others."""
+"""The retrieval of one search: every leg's calls (dense: embed, then every index shard; BM25;
+exact) run concurrently under the leg deadline. What needs no plan starts while the planner
+service plans; when the plain search comes back weak, a supplementary HyDE passage is searched
+too. A leg that fails or is late is cancelled and reported as a degradation; the search
+answers from the others, and fails only when every leg failed.
+
+search.py hands the plan in (or the planner's reply still to come) and takes the legs' lists
+back (``Retrieved``): nothing here calls back into it. The tasks themselves (timing, settling,
+the deadline) are inflight.py's."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
-import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from meshkit.core.errors import deadline_exceeded, not_found, unavailable
 from meshkit.rpc.client import Downstream, DownstreamError
+from meshkit.settings import GatewaySettings
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2
 from ragmesh.sparse.v1 import sparse_pb2
+from services.gateway import metrics
 from services.gateway.backends import Backends
 from services.gateway.collections import check_query_embedder
-from services.gateway.degradations import DEADLINE, EMBEDDER, ERROR, INDEX, SPARSE, Degradations
+from services.gateway.degradations import (
+    DEADLINE,
+    EMBEDDER,
+    ERROR,
+    HYDE,
+    INDEX,
+    PLANNER,
+    SPARSE,
+    Degradations,
+)
 from services.gateway.fusion import Hit, combine_variations, merge_by_score
 from services.gateway.hydration import chunk_text
+from services.gateway.inflight import Calls, Job
 from services.gateway.metrics import ms
 from services.gateway.validation import BM25, DENSE, EXACT, SearchParams
 
-log = logging.getLogger("gateway.search")
+# The plan, or the planner service's reply still to come: a coroutine not started yet, so that
+# the legs that need no plan are under way before it runs alongside them.
+Planned = planner_pb2.Plan | Coroutine[Any, Any, planner_pb2.Plan]
 
 
 def hits_of(raw: Sequence[Any]) -> list[Hit]:
@@ -39,239 +60,83 @@ def collection_missing(exc: DownstreamError) -> bool:
     return exc.code == grpc.StatusCode.NOT_FOUND
 
 
-@dataclass(frozen=True)
-class Job:
-    """What one in-flight call stands for, to report it if it fails or runs out of time."""
+@dataclass
+class Found:
+    """What the legs have brought back so far; dropped whole when the search starts over."""
 
-    kind: str  # embed, shard, bm25, exact
-    stage: str
-    target: str
-    legs: tuple[str, ...]
-    # Embed and shard calls: the index of their first dense text, and how many they carry.
-    first: int = 0
-    count: int = 0
+    # Leg -> its ranked list (the legs that answered; dense once collected).
+    lists: dict[str, list[Hit]] = field(default_factory=dict)
+    # Every dense text started so far, in plan order (the searched query first).
+    dense_texts: list[str] = field(default_factory=list)
+    # Dense text index -> each answering shard's hits for it.
+    dense_hits: dict[int, list[list[Hit]]] = field(default_factory=dict)
+    # Dense hits of texts searched after the fan-out (a supplementary HyDE passage).
+    extra_dense: list[list[Hit]] = field(default_factory=list)
+    # The first hits' texts, sent with them: hydration then only asks for the rest.
+    texts: dict[str, sparse_pb2.ChunkText] = field(default_factory=dict)
+    # The BM25 leg's words of the query no document holds, and those of them no indexed word
+    # is one edit from (see sparse's SearchBm25Response).
+    unknown_terms: list[str] = field(default_factory=list)
+    novel_terms: list[str] = field(default_factory=list)
+    attempted: set[str] = field(default_factory=set)
+    # Calls that answered (embeddings aside), and those that found no such collection there.
+    answered: int = 0
+    missing: int = 0
+
+    def best_dense_score(self) -> float | None:
+        """The best cosine any dense text found (None: the dense leg found nothing)."""
+        scores = [hits[0].score for answers in self.dense_hits.values() for hits in answers if hits]
+        return max(scores) if scores else None
+
+    def failed_everywhere(self) -> bool:
+        return bool(self.attempted) and not self.lists
 
 
-class Fanout:
-    """The retrieval calls of one search, run concurrently until all are back or the leg
-    deadline passes. Dense is two steps (embed, then every shard), so the shard calls are
-    started as soon as the vectors arrive, and a slow shard costs only its own hits.
-
-    What does not depend on the plan (BM25 and the embedding of the question as asked) may
-    start before it (``start_early``) while the planner service works; ``start_planned`` then
-    adds the exact leg and the plan's other dense texts, and ``collect`` waits for them all."""
+class Legs:
+    """The calls each leg makes for one search, under the leg deadline: what they ask (the
+    request as the plan searches it, the pool) and what they bring back into ``found`` (hits,
+    and on the way the first hits' texts and the query's unknown words)."""
 
     def __init__(
-        self,
-        backends: Backends,
-        params: SearchParams,
-        pool: int,
-        deadline: float,
-        degradations: Degradations,
-        combine_mode: str = "rrf",
-        texts_wanted: int = 0,
+        self, backends: Backends, params: SearchParams, pool: int, deadline: float, texts_wanted: int
     ) -> None:
         self.backends = backends
         self.params = params
         self.plan = planner_pb2.Plan()
-        # Every dense text started so far, in plan order (the searched query first).
-        self.dense_texts: list[str] = []
+        self.pool = pool
+        self.deadline = deadline
+        # How many of each leg's first hits come with their text.
+        self.texts_wanted = texts_wanted
+        self.found = Found()
         # The name of the model that embedded the query ("" until an Embed answered): cosine
         # thresholds hold for one model's scale.
         self.embedder_model = ""
-        self.pool = pool
-        self.deadline = deadline
-        self.degradations = degradations
-        self.combine_mode = combine_mode
-        self.tasks: dict[asyncio.Task[Any], Job] = {}
-        self.settled: set[asyncio.Task[Any]] = set()
-        self.timings: dict[str, float] = {}
-        self.lists: dict[str, list[Hit]] = {}
-        # Dense text index -> each answering shard's hits for it.
-        self.dense_hits: dict[int, list[list[Hit]]] = {}
-        # Dense hits of texts searched after the fan-out (a supplementary HyDE passage).
-        self.extra_dense: list[list[Hit]] = []
-        self.attempted: set[str] = set()
-        self.answered = 0
-        self.missing = 0
-        self.unknown_terms: list[str] = []
-        self.novel_terms: list[str] = []
-        # The legs' first hits come with their text: hydration then only asks for the rest.
-        self.texts_wanted = texts_wanted
-        self.texts: dict[str, sparse_pb2.ChunkText] = {}
-        # The question the early calls searched; "" when nothing started early.
-        self.early_query = ""
 
-    def _left(self) -> float:
+    def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def _spawn(self, job: Job, timing: str, started: float, work: Callable[[], Awaitable[Any]]) -> None:
-        # ``work`` makes the call's coroutine inside the task: a task cancelled before it starts
-        # (early calls redone) then leaves no coroutine that was never awaited.
-        async def timed() -> Any:
-            try:
-                return await work()
-            finally:
-                # A stage's time runs from its start to its last call's end (shards run together).
-                self.timings[timing] = max(self.timings.get(timing, 0.0), ms(time.perf_counter() - started))
-
-        self.tasks[asyncio.create_task(timed())] = job
-
-    def start_early(self) -> None:
-        """BM25 and the dense search of the question as asked, before the plan is known."""
-        params = self.params
-        self.early_query = params.query
-        if params.enabled(DENSE):
-            self._start_dense([params.query])
-        if params.enabled(BM25):
-            self._start_bm25()
-
-    def start_planned(
-        self, params: SearchParams, plan: planner_pb2.Plan, dense_texts: list[str], pool: int
-    ) -> None:
-        """What the plan adds: the exact leg, and the dense texts not already searched early
-        (``params``: the request as the plan searches it). Early calls made for another
-        question (the plan rewrote it) or a smaller pool are dropped and made again."""
-        self.params, self.plan = params, plan
-        if self.early_query and (self.early_query != self.params.query or pool > self.pool):
-            self.cancel()
-            self.early_query = ""
-        self.pool = pool
-        params = self.params
-        if params.enabled(DENSE) and len(dense_texts) > len(self.dense_texts):
-            self._start_dense(dense_texts[len(self.dense_texts) :])
-        if params.enabled(BM25) and not self.early_query:
-            self._start_bm25()
-        if params.enabled(EXACT) and plan.hard_keywords:
-            self.attempted.add(EXACT)
-            job = Job(EXACT, SPARSE, self.backends.sparse.target, (EXACT,))
-            self._spawn(job, EXACT, time.perf_counter(), self._exact)
-
-    def _start_dense(self, texts: list[str]) -> None:
-        self.attempted.add(DENSE)
-        first = len(self.dense_texts)
-        self.dense_texts.extend(texts)
-        job = Job("embed", EMBEDDER, EMBEDDER, (DENSE,), first, len(texts))
-        self._spawn(job, "embed", time.perf_counter(), functools.partial(self._embed, texts))
-
-    def _start_bm25(self) -> None:
-        self.attempted.add(BM25)
-        job = Job(BM25, SPARSE, self.backends.sparse.target, (BM25,))
-        self._spawn(job, BM25, time.perf_counter(), self._bm25)
-
-    def cancel(self) -> None:
-        """Drop every call in flight and everything learnt so far (the search starts over, or
-        is abandoned)."""
-        for task in self.tasks:
-            task.cancel()
-        self.tasks.clear()
-        self.settled.clear()
-        self.lists.clear()
-        self.dense_hits.clear()
-        self.dense_texts.clear()
-        self.attempted.clear()
-        self.texts.clear()
-        self.unknown_terms = []
-        self.novel_terms = []
-        self.answered = self.missing = 0
-
-    async def run_until(self, other: asyncio.Task[Any]) -> None:
-        """Settle calls as they finish, so early vectors go on to the shards, until ``other``
-        (the plan) is done."""
-        while not other.done():
-            pending = {t for t in self.tasks if t not in self.settled}
-            await asyncio.wait({other, *pending}, return_when=asyncio.FIRST_COMPLETED)
-            self._settle_done()
-
-    async def collect(self) -> None:
-        """Wait for every call until the leg deadline, then build the dense list."""
-        await self._collect()
-        for leg in (BM25, EXACT):
-            if leg in self.lists:
-                # Early calls asked for the largest pool a plan could want.
-                self.lists[leg] = self.lists[leg][: self.pool]
-        if self.dense_hits:
-            self.lists[DENSE] = self._dense_list()
-
-    def _settle_done(self) -> None:
-        for task in [t for t in self.tasks if t.done() and t not in self.settled]:
-            self._settle(task)
-
-    async def _collect(self) -> None:
-        self._settle_done()
-        pending: set[asyncio.Task[Any]] = {t for t in self.tasks if t not in self.settled}
-        try:
-            while pending:
-                done, pending = await asyncio.wait(
-                    pending, timeout=max(0.0, self._left()), return_when=asyncio.FIRST_COMPLETED
-                )
-                if not done:
-                    break
-                self._settle_done()
-                pending = {t for t in self.tasks if t not in self.settled}
-        finally:
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
-        for task in pending:
-            job = self.tasks[task]
-            self.degradations.add(
-                job.stage, DEADLINE, job.target, f"{job.target}: no answer within the deadline", job.legs
-            )
-
-    def _settle(self, task: asyncio.Task[Any]) -> None:
-        self.settled.add(task)
-        job = self.tasks[task]
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None and not isinstance(exc, DownstreamError):
-            raise exc
-        if isinstance(exc, DownstreamError) and collection_missing(exc) and job.stage != EMBEDDER:
-            # The collection has no data there (a shard may hold none of a small collection).
-            self.missing += 1
-            result: Any = [[] for _ in range(job.count)] if job.kind == "shard" else []
-        elif isinstance(exc, DownstreamError):
-            self.degradations.add_error(job.stage, exc, job.legs)
-            return
-        else:
-            result = task.result()
-            if job.stage != EMBEDDER:
-                self.answered += 1
-        if job.kind == "embed":
-            self._start_shards(job.first, result)
-        elif job.kind == "shard":
-            for offset, hits in enumerate(result):
-                self.dense_hits.setdefault(job.first + offset, []).append(hits)
-        else:
-            self.lists[job.kind] = result
-
-    def _start_shards(self, first: int, vectors: list[common_pb2.Vector]) -> None:
-        if not self.backends.shards:
-            self.degradations.add(INDEX, ERROR, INDEX, "no index shards are configured", (DENSE,))
-            return
-        now = time.perf_counter()
-        for shard in self.backends.shards:
-            job = Job("shard", INDEX, shard.target, (DENSE,), first, len(vectors))
-            self._spawn(job, DENSE, now, functools.partial(self._search_shard, shard, vectors))
-
-    async def _embed(self, texts: list[str]) -> list[common_pb2.Vector]:
+    async def _embed_reply(self, texts: list[str]) -> embedder_pb2.EmbedResponse:
+        """The query vectors of ``texts``, refused when another embedder than the one that
+        built the collection made them (collections.check_query_embedder)."""
         embedder = self.backends.embedder
         request = embedder_pb2.EmbedRequest(texts=texts, kind=embedder_pb2.TEXT_KIND_QUERY)
-        reply = await embedder.call(embedder.stub.Embed, request, timeout=self._left(), idempotent=True)
+        reply = await embedder.call(embedder.stub.Embed, request, timeout=self.left(), idempotent=True)
         check_query_embedder(self.params, reply.model, reply.model_sha256, reply.vectors)
+        return reply
+
+    async def embed(self, texts: list[str]) -> list[common_pb2.Vector]:
+        reply = await self._embed_reply(texts)
         self.embedder_model = reply.model
         if len(reply.vectors) != len(texts):
             raise DownstreamError(
-                embedder.target,
+                self.backends.embedder.target,
                 "error",
                 None,
                 f"{len(reply.vectors)} vectors for {len(texts)} texts",
             )
         return list(reply.vectors)
 
-    async def _search_shard(
+    async def search_shard(
         self, shard: Downstream[index_pb2_grpc.IndexServiceStub], vectors: list[common_pb2.Vector]
     ) -> list[list[Hit]]:
         params = self.params
@@ -286,7 +151,7 @@ class Fanout:
                     filter=params.filter_pb(),
                     with_payloads=self.texts_wanted,
                 ),
-                timeout=self._left(),
+                timeout=self.left(),
                 idempotent=True,
             )
             for vector in vectors
@@ -300,10 +165,10 @@ class Fanout:
         for reply in answered:
             for stored in reply.chunks:
                 # Sparse's text wins where both stores gave one (it is what GetChunks serves).
-                self.texts.setdefault(stored.chunk_id, chunk_text(stored))
+                self.found.texts.setdefault(stored.chunk_id, chunk_text(stored))
         return [hits_of(reply.hits) for reply in answered]
 
-    async def _bm25(self) -> list[Hit]:
+    async def bm25(self) -> list[Hit]:
         sparse, params = self.backends.sparse, self.params
         request = sparse_pb2.SearchBm25Request(
             collection=params.collection,
@@ -313,13 +178,13 @@ class Fanout:
             filter=params.filter_pb(),
             with_text=self.texts_wanted,
         )
-        reply = await sparse.call(sparse.stub.SearchBm25, request, timeout=self._left(), idempotent=True)
-        self.unknown_terms = list(reply.unknown_terms)
-        self.novel_terms = list(reply.novel_terms)
-        self.texts.update((chunk.chunk_id, chunk) for chunk in reply.chunks)
+        reply = await sparse.call(sparse.stub.SearchBm25, request, timeout=self.left(), idempotent=True)
+        self.found.unknown_terms = list(reply.unknown_terms)
+        self.found.novel_terms = list(reply.novel_terms)
+        self.found.texts.update((chunk.chunk_id, chunk) for chunk in reply.chunks)
         return hits_of(reply.hits)
 
-    async def _exact(self) -> list[Hit]:
+    async def exact(self) -> list[Hit]:
         sparse, params = self.backends.sparse, self.params
         request = sparse_pb2.SearchExactRequest(
             collection=params.collection,
@@ -328,37 +193,286 @@ class Fanout:
             doc_ids=params.doc_ids,
             filter=params.filter_pb(),
         )
-        reply = await sparse.call(sparse.stub.SearchExact, request, timeout=self._left(), idempotent=True)
+        reply = await sparse.call(sparse.stub.SearchExact, request, timeout=self.left(), idempotent=True)
         return hits_of(reply.hits)
 
-    def _dense_list(self) -> list[Hit]:
-        per_text = [merge_by_score(answers, self.pool) for _, answers in sorted(self.dense_hits.items())]
-        return combine_variations(
-            [*per_text, *self.extra_dense], self.params.rrf_k, self.pool, self.combine_mode
-        )
-
-    def best_dense_score(self) -> float | None:
-        """The best cosine any dense text found (None: the dense leg found nothing)."""
-        scores = [hits[0].score for answers in self.dense_hits.values() for hits in answers if hits]
-        return max(scores) if scores else None
-
-    async def add_dense_text(self, text: str) -> None:
-        """Search one more text on the dense leg (every shard) and fold its hits into the
-        dense list; raises DownstreamError when the embedder or every shard fails."""
-        embedder = self.backends.embedder
-        request = embedder_pb2.EmbedRequest(texts=[text], kind=embedder_pb2.TEXT_KIND_QUERY)
-        reply = await embedder.call(embedder.stub.Embed, request, timeout=self._left(), idempotent=True)
-        check_query_embedder(self.params, reply.model, reply.model_sha256, reply.vectors)
+    async def search_text(self, text: str) -> list[Hit]:
+        """One more text on the dense leg: embedded, searched on every shard, merged; raises
+        DownstreamError when the embedder or every shard fails."""
+        reply = await self._embed_reply([text])
         answers = await asyncio.gather(
-            *(self._search_shard(shard, list(reply.vectors)) for shard in self.backends.shards),
+            *(self.search_shard(shard, list(reply.vectors)) for shard in self.backends.shards),
             return_exceptions=True,
         )
         found = [answer[0] for answer in answers if not isinstance(answer, BaseException) and answer]
         if not found:
             errors = [a for a in answers if isinstance(a, DownstreamError)]
             raise errors[0] if errors else DownstreamError(INDEX, "error", None, "no index shard answered")
-        self.extra_dense.append(merge_by_score(found, self.pool))
-        self.lists[DENSE] = self._dense_list()
+        return merge_by_score(found, self.pool)
 
-    def failed_everywhere(self) -> bool:
-        return bool(self.attempted) and not self.lists
+
+class Fanout:
+    """Which leg calls run when, and where their answers go. Dense is two steps (embed, then
+    every shard): the shard calls start as soon as the vectors arrive, so a slow shard costs
+    only its own hits. What needs no plan (BM25, the embedding of the question as asked) may
+    start before it (``start_early``); ``start_planned`` adds the rest and ``collect`` waits
+    for them all."""
+
+    def __init__(self, legs: Legs, degradations: Degradations, combine_mode: str = "rrf") -> None:
+        self.legs = legs
+        self.degradations = degradations
+        self.combine_mode = combine_mode
+        self.calls = Calls(degradations, self._settle)
+        # The question the early calls searched; "" when nothing started early.
+        self.early_query = ""
+
+    @property
+    def found(self) -> Found:
+        return self.legs.found
+
+    def start_early(self) -> None:
+        """BM25 and the dense search of the question as asked, before the plan is known."""
+        params = self.legs.params
+        self.early_query = params.query
+        if params.enabled(DENSE):
+            self._start_dense([params.query])
+        if params.enabled(BM25):
+            self._start_bm25()
+
+    def start_planned(
+        self, params: SearchParams, plan: planner_pb2.Plan, dense_texts: list[str], pool: int
+    ) -> None:
+        """What the plan adds: the exact leg, and the dense texts not already searched early
+        (``params``: the request as the plan searches it). Early calls made for another
+        question (the plan rewrote it) or a smaller pool are dropped and made again."""
+        legs = self.legs
+        legs.params, legs.plan = params, plan
+        if self.early_query and (self.early_query != params.query or pool > legs.pool):
+            self.cancel()
+            self.early_query = ""
+        legs.pool = pool
+        started = len(self.found.dense_texts)
+        if params.enabled(DENSE) and len(dense_texts) > started:
+            self._start_dense(dense_texts[started:])
+        if params.enabled(BM25) and not self.early_query:
+            self._start_bm25()
+        if params.enabled(EXACT) and plan.hard_keywords:
+            self.found.attempted.add(EXACT)
+            job = Job(EXACT, SPARSE, legs.backends.sparse.target, (EXACT,))
+            self.calls.spawn(job, EXACT, time.perf_counter(), legs.exact)
+
+    def _start_dense(self, texts: list[str]) -> None:
+        found = self.found
+        found.attempted.add(DENSE)
+        first = len(found.dense_texts)
+        found.dense_texts.extend(texts)
+        job = Job("embed", EMBEDDER, EMBEDDER, (DENSE,), first, len(texts))
+        self.calls.spawn(job, "embed", time.perf_counter(), functools.partial(self.legs.embed, texts))
+
+    def _start_bm25(self) -> None:
+        self.found.attempted.add(BM25)
+        job = Job(BM25, SPARSE, self.legs.backends.sparse.target, (BM25,))
+        self.calls.spawn(job, BM25, time.perf_counter(), self.legs.bm25)
+
+    def _start_shards(self, first: int, vectors: list[common_pb2.Vector]) -> None:
+        shards = self.legs.backends.shards
+        if not shards:
+            self.degradations.add(INDEX, ERROR, INDEX, "no index shards are configured", (DENSE,))
+            return
+        now = time.perf_counter()
+        for shard in shards:
+            job = Job("shard", INDEX, shard.target, (DENSE,), first, len(vectors))
+            self.calls.spawn(job, DENSE, now, functools.partial(self.legs.search_shard, shard, vectors))
+
+    def cancel(self) -> None:
+        """Drop every call in flight and everything learnt so far (the search starts over, or
+        is abandoned)."""
+        self.calls.cancel()
+        self.legs.found = Found()
+
+    async def collect(self) -> None:
+        """Wait for every call until the leg deadline, then build the dense list."""
+        await self.calls.collect(self.legs.deadline)
+        found = self.found
+        for leg in (BM25, EXACT):
+            if leg in found.lists:
+                # Early calls asked for the largest pool a plan could want.
+                found.lists[leg] = found.lists[leg][: self.legs.pool]
+        if found.dense_hits:
+            found.lists[DENSE] = self._dense_list()
+
+    def _settle(self, job: Job, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, DownstreamError):
+            raise exc
+        found = self.found
+        if isinstance(exc, DownstreamError) and collection_missing(exc) and job.stage != EMBEDDER:
+            # The collection has no data there (a shard may hold none of a small collection).
+            found.missing += 1
+            result: Any = [[] for _ in range(job.count)] if job.kind == "shard" else []
+        elif isinstance(exc, DownstreamError):
+            self.degradations.add_error(job.stage, exc, job.legs)
+            return
+        else:
+            result = task.result()
+            if job.stage != EMBEDDER:
+                found.answered += 1
+        if job.kind == "embed":
+            self._start_shards(job.first, result)
+        elif job.kind == "shard":
+            for offset, hits in enumerate(result):
+                found.dense_hits.setdefault(job.first + offset, []).append(hits)
+        else:
+            found.lists[job.kind] = result
+
+    def _dense_list(self) -> list[Hit]:
+        found, pool = self.found, self.legs.pool
+        per_text = [merge_by_score(answers, pool) for _, answers in sorted(found.dense_hits.items())]
+        return combine_variations(
+            [*per_text, *found.extra_dense], self.legs.params.rrf_k, pool, self.combine_mode
+        )
+
+    async def add_dense_text(self, text: str) -> None:
+        """Search one more text on the dense leg (every shard) and fold its hits into the
+        dense list; raises DownstreamError when the embedder or every shard fails."""
+        self.found.extra_dense.append(await self.legs.search_text(text))
+        self.found.lists[DENSE] = self._dense_list()
+
+
+@dataclass
+class Retrieved:
+    """What one search's retrieval found, as fusion, hydration and the outcome read it."""
+
+    # The request as the plan searched it: its query is the plan's searched query (a
+    # follow-up's standalone rewrite), which the reranker and the answer use too.
+    params: SearchParams
+    plan: planner_pb2.Plan
+    # The legs' lists, the texts they sent, the query's unknown words.
+    found: Found
+    # Stage -> milliseconds: the planner, each leg's calls, HyDE.
+    timings: dict[str, float]
+    # The best cosine any searched text found on the dense leg (None: it found nothing), and
+    # the model that embedded the query: the evidence gate's topicality input.
+    similarity: float | None
+    embedder_model: str
+
+
+class Retrieval:
+    """One search's retrieval: the plan (awaited alongside the legs that need none), the
+    planned legs, the verdict when none answered, and the supplementary HyDE pass."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        backends: Backends,
+        degradations: Degradations,
+        *,
+        deadline: float,
+        largest_pool: int,
+        texts_wanted: int,
+        started: float,
+    ) -> None:
+        self.settings = settings
+        self.backends = backends
+        self.degradations = degradations
+        self.deadline = deadline
+        # Calls made before the plan ask for the largest pool any plan could ask for.
+        self.largest_pool = largest_pool
+        self.texts_wanted = texts_wanted
+        # The planner's time counts from the search's start: a local plan is made before this.
+        self.started = started
+
+    def _pool(self, params: SearchParams, plan_pool: int) -> int:
+        return min(max(params.pool_size or plan_pool, params.top_k), self.settings.gateway_max_pool_size)
+
+    async def retrieve(self, params: SearchParams, planned: Planned) -> Retrieved:
+        legs = Legs(
+            self.backends, params, self._pool(params, self.largest_pool), self.deadline, self.texts_wanted
+        )
+        fanout = Fanout(legs, self.degradations, self.settings.gateway_dense_combine)
+        timings: dict[str, float] = {}
+        try:
+            plan = await self._plan(params, fanout, planned)
+            timings["planner"] = ms(time.perf_counter() - self.started)
+            # From here on every leg, the reranker and HyDE work on the query the plan searches (a
+            # follow-up's standalone rewrite); the outcome's plan says which it was.
+            params = dataclasses.replace(params, query=plan.searched_query)
+            dense_texts = [*plan.variations, *([plan.hyde_passage] if plan.hyde_passage.strip() else [])]
+            fanout.start_planned(params, plan, dense_texts, self._pool(params, plan.pool_size))
+            await fanout.collect()
+        except BaseException:
+            fanout.cancel()
+            raise
+        timings.update(fanout.calls.timings)
+        self._raise_if_nothing_answered(params, fanout.found)
+        if self._needs_supplement(params, plan, fanout.found):
+            with metrics.timed(timings, "hyde"):
+                await self._supplement_with_hyde(params, plan, fanout)
+        found = fanout.found
+        return Retrieved(params, plan, found, timings, found.best_dense_score(), legs.embedder_model)
+
+    @staticmethod
+    async def _plan(params: SearchParams, fanout: Fanout, planned: Planned) -> planner_pb2.Plan:
+        """The plan; while the planner service makes it, BM25 and the question's own dense
+        search already run (not for a conversation: its question means little before the
+        planner rewrites it), settled as they finish."""
+        if isinstance(planned, planner_pb2.Plan):
+            return planned
+        if not params.history:
+            fanout.start_early()
+        planning = asyncio.create_task(planned)
+        try:
+            await fanout.calls.run_until(planning)
+        finally:
+            if not planning.done():
+                planning.cancel()
+        return planning.result()
+
+    def _raise_if_nothing_answered(self, params: SearchParams, found: Found) -> None:
+        """NOT_FOUND when no leg holds the collection; DEADLINE_EXCEEDED or UNAVAILABLE when
+        every leg failed (each failure counted first: the search ends here)."""
+        reported = self.degradations.as_list()
+        leg_failures = [d for d in reported if d.legs and d.stage != PLANNER]
+        if found.answered == 0 and found.missing > 0 and not leg_failures:
+            raise not_found(f"collection {params.collection!r} does not exist")
+        if not found.failed_everywhere():
+            return
+        for item in reported:
+            metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
+        detail = "; ".join(f"{d.stage} {d.reason}: {d.message}" for d in reported)
+        if all(d.reason == DEADLINE for d in leg_failures):
+            raise deadline_exceeded(f"no retrieval leg answered within the deadline ({detail})")
+        raise unavailable(f"every retrieval leg failed ({detail})")
+
+    def _needs_supplement(self, params: SearchParams, plan: planner_pb2.Plan, found: Found) -> bool:
+        """Supplement HyDE: only when the plain search came back weak, by the best dense
+        cosine or by how few results the legs found together."""
+        if plan.hyde_mode != planner_pb2.HYDE_MODE_SUPPLEMENT or not params.enabled(DENSE):
+            return False
+        best = found.best_dense_score()
+        count = len({hit.chunk_id for hits in found.lists.values() for hit in hits})
+        weak_score = best is None or best < self.settings.gateway_hyde_min_score
+        return weak_score or count < self.settings.gateway_hyde_min_results
+
+    async def _supplement_with_hyde(
+        self, params: SearchParams, plan: planner_pb2.Plan, fanout: Fanout
+    ) -> None:
+        """Ask the planner for a hypothetical answer passage and search with it too; a failure
+        leaves the plain search's results, with a degradation."""
+        planner = self.backends.planner
+        try:
+            reply = await planner.call(
+                planner.stub.Hyde,
+                planner_pb2.HydeRequest(query=params.query),
+                timeout=fanout.legs.left(),
+                # Not retried: a failed generation would only be slow again within the same budget.
+                idempotent=False,
+            )
+            if reply.passage.strip():
+                await fanout.add_dense_text(reply.passage)
+        except DownstreamError as exc:
+            self.degradations.add_error(HYDE, exc, [DENSE])
+            return
+        plan.hyde_passage = reply.passage

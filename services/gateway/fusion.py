@@ -73,6 +73,20 @@ def rrf(ranked: Mapping[str, Sequence[Hit]], weights: Mapping[str, float], k: fl
     return sorted(fused.values(), key=_sort_key)
 
 
+def fuse(
+    ranked: Mapping[str, Sequence[Hit]], weights: Mapping[str, float], k: float, collapse: bool
+) -> list[Fused]:
+    """The fused list a search answers from: ``rrf`` of the legs, one entry per document when
+    ``collapse``, each entry numbered by its 1-based place (``fused_rank``, which the reranked
+    order blends with and every result reports)."""
+    fused = rrf(ranked, weights, k)
+    if collapse:
+        fused = collapse_documents(fused)
+    for rank, entry in enumerate(fused, 1):
+        entry.fused_rank = rank
+    return fused
+
+
 def merge_by_score(lists: Iterable[Sequence[Hit]], limit: int | None = None) -> list[Hit]:
     """Merge lists whose scores are comparable (one query over several index shards): best
     score first, a chunk found twice keeps its best score."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
+
 from prometheus_client import Counter, Histogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -35,3 +39,12 @@ ASK_SECONDS = Histogram(
 def ms(seconds: float) -> float:
     """A stage's time as reported in responses and logs: milliseconds, to the microsecond."""
     return round(seconds * 1000, 3)
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], stage: str) -> Iterator[None]:
+    """Records the time of the block as ``timings[stage]`` (in ``ms``) when it completes; a
+    stage that raises reports no time (its search or ask fails whole)."""
+    started = time.perf_counter()
+    yield
+    timings[stage] = ms(time.perf_counter() - started)

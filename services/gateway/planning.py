@@ -12,9 +12,16 @@ from __future__ import annotations
 from meshkit.settings import GatewaySettings, PlannerSettings
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
-from services.planner.deterministic import DeterministicPlanner
-from services.planner.plan import HydeMode, PlanInput, Turn
-from services.planner.servicer import deterministic_planner, llm_wanted, plan_to_pb, strategy_from_pb
+from services.planner.public import (
+    DeterministicPlanner,
+    HydeMode,
+    PlanInput,
+    Turn,
+    deterministic_planner,
+    llm_wanted,
+    plan_to_pb,
+    strategy_from_pb,
+)
 
 # HyDE modes only the planner service can serve (they need its LLM).
 NEEDS_SERVICE = frozenset({planner_pb2.HYDE_MODE_FUSION, planner_pb2.HYDE_MODE_SUPPLEMENT})

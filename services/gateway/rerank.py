@@ -18,7 +18,9 @@ from meshkit.settings import GatewaySettings
 from ragmesh.planner.v1 import planner_pb2
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2
+from services.gateway.degradations import ERROR, Degradations
 from services.gateway.fusion import Fused, blend_reranked
+from services.gateway.validation import SearchParams
 
 RERANKER = "reranker"
 
@@ -39,6 +41,44 @@ def candidate_count(settings: GatewaySettings, requested: int, strategy: int) ->
     if strategy == planner_pb2.STRATEGY_EXHAUSTIVE:
         return settings.gateway_rerank_candidates_exhaustive
     return settings.gateway_rerank_candidates_precise
+
+
+async def rerank_top(
+    reranker: Downstream[reranker_pb2_grpc.RerankerServiceStub],
+    params: SearchParams,
+    top: list[Fused],
+    count: int,
+    chunks: dict[str, sparse_pb2.ChunkText],
+    degradations: Degradations,
+    *,
+    deadline: float,
+    fused_weight: float,
+) -> tuple[list[Fused], bool]:
+    """The rerank stage of a search: the first ``count`` results of ``top`` reordered by the
+    reranker, the rest after them in fused order, and whether the reranker judged them. On any
+    reranker failure ``top`` stays as it was, unscored, with a degradation: the search still
+    answers in fused order."""
+    if not chunks:
+        degradations.add(RERANKER, ERROR, reranker.target, "no passage text to rerank (hydration failed)")
+        return top, False
+    candidates, rest = top[:count], top[count:]
+    try:
+        outcome = await rerank(
+            reranker,
+            params.query,
+            candidates,
+            chunks,
+            deadline=deadline,
+            fused_weight=fused_weight,
+            rrf_k=params.rrf_k,
+            keep_fused_margin=params.keep_fused_margin,
+        )
+    except DownstreamError as exc:
+        degradations.add_error(RERANKER, exc)
+        for item in candidates:
+            item.rerank_score = None
+        return top, False
+    return [*outcome.results, *rest], outcome.reranked
 
 
 def _request(

@@ -1,5 +1,7 @@
-"""One search: plan, fan out to every retrieval leg in parallel under the caller's deadline
-(fanout.py), fuse with weighted RRF, hydrate the winners (hydration.py), rerank them.
+"""One search, stage by stage: the plan, the retrieval legs (fanout.py: every leg in parallel
+under the caller's deadline, those that need no plan while the planner service plans), weighted
+RRF (fusion.py), hydration of the winners (hydration.py), the reranker (rerank.py). Each stage
+is called once, in that order, and hands what it found to the next.
 
 Every downstream call goes through ``meshkit.rpc.client.Downstream`` (backends.py: deadline,
 retries for idempotent calls, a breaker per downstream). A stage that fails or is late is
@@ -8,31 +10,26 @@ reported as a degradation (degradations.py); the answer comes from the others.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import logging
 import time
 from dataclasses import dataclass, field
 
-from meshkit.core.errors import deadline_exceeded, not_found, unavailable
-from meshkit.rpc.client import DownstreamError
+from meshkit.core.errors import deadline_exceeded
+from meshkit.rpc.client import Downstream, DownstreamError
 from meshkit.rpc.interceptors import deadline_var
 from meshkit.settings import GatewaySettings
 from ragmesh.narrator.v1 import narrator_pb2
-from ragmesh.planner.v1 import planner_pb2
+from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2
 from services.gateway import metrics
 from services.gateway.backends import Backends
-from services.gateway.degradations import DEADLINE, ERROR, HYDE, PLANNER, REASON_OF, Degradation, Degradations
-from services.gateway.fanout import Fanout
-from services.gateway.fusion import Fused, Hit, collapse_documents, rrf
+from services.gateway.degradations import ERROR, PLANNER, REASON_OF, Degradation, Degradations
+from services.gateway.fanout import Planned, Retrieval, Retrieved
+from services.gateway.fusion import Fused, Hit, fuse
 from services.gateway.hydration import Hydrator
 from services.gateway.metrics import ms
 from services.gateway.planning import LocalPlanner, local_planner
-from services.gateway.rerank import RERANKER, candidate_count, rerank
-from services.gateway.validation import DENSE, EXACT, SearchParams
-
-log = logging.getLogger("gateway.search")
+from services.gateway.rerank import candidate_count, rerank_top
+from services.gateway.validation import EXACT, SearchParams
 
 # The planner's name for each role of a conversation turn.
 TURN_ROLE = {
@@ -42,6 +39,8 @@ TURN_ROLE = {
 # Pool sizes of the fallback plan: the planner's seeds.
 PRECISE_POOL = 50
 FALLBACK_POOL = {planner_pb2.STRATEGY_PRECISE: PRECISE_POOL, planner_pb2.STRATEGY_EXHAUSTIVE: 80}
+# The calls made before the plan ask for the largest pool a plan could ask for.
+LARGEST_POOL = max(FALLBACK_POOL.values())
 # Shares of the caller's budget: at most this much for the plan (the legs need the rest)...
 PLANNER_SHARE = 0.3
 # ...and at most this much kept back from the legs for fusion and hydration.
@@ -78,21 +77,14 @@ class SearchOutcome:
     novel_terms: list[str] = field(default_factory=list)
 
 
-class Searcher:
-    def __init__(
-        self, settings: GatewaySettings, backends: Backends, planner: LocalPlanner | None = None
-    ) -> None:
+class Deadlines:
+    """When the parts of a search must be done, from the caller's deadline (without one, from
+    the client timeout)."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
-        self.backends = backends
-        self.hydrator = Hydrator(backends, settings.gateway_hydrate_sparse_share)
-        # None: every plan comes from the planner service.
-        self.local_planner = planner
 
-    @classmethod
-    def from_settings(cls, settings: GatewaySettings) -> Searcher:
-        return cls(settings, Backends.from_settings(settings), local_planner(settings))
-
-    def _leg_deadline(self, reranking: bool) -> float:
+    def legs(self, reranking: bool) -> float:
         """When the legs must be back: the caller's deadline less time for fusion and
         hydration (a share of the budget, so short deadlines still leave the legs most), and
         when reranking, less the share kept for the reranker."""
@@ -107,211 +99,44 @@ class Searcher:
             reserve = max(reserve, self.settings.gateway_rerank_share * budget)
         return end - reserve
 
-    def _reply_deadline(self) -> float:
+    def reply(self) -> float:
         """When the last downstream call must be back, leaving time to send the reply."""
         inbound = deadline_var.get()
         if inbound is None:
             return time.monotonic() + self.settings.client_timeout_s
         return inbound - REPLY_MARGIN_S
 
-    def _pool(self, params: SearchParams, plan_pool: int) -> int:
-        return min(max(params.pool_size or plan_pool, params.top_k), self.settings.gateway_max_pool_size)
 
-    def _early_pool(self, params: SearchParams) -> int:
-        """The pool of calls made before the plan: the largest any plan could ask for."""
-        return self._pool(params, max(FALLBACK_POOL.values()))
+class Planning:
+    """Where a search's plan comes from: the planner of this process when it serves the
+    request, else the planner service (the question alone when it fails). Either plan is made
+    usable within the gateway's limits, and returned as used, so callers see what ran."""
 
-    async def _planned(
-        self, params: SearchParams, fanout: Fanout, deadline: float, degradations: Degradations
-    ) -> planner_pb2.Plan:
-        """The plan: made here when the local planner serves the request; else asked of the
-        planner service while BM25 and the question's own dense search run (a conversation's
-        question is searched only once the planner has rewritten it)."""
-        local = self.local_planner
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        planner: Downstream[planner_pb2_grpc.PlannerServiceStub],
+        local: LocalPlanner | None,
+    ) -> None:
+        self.settings = settings
+        self.planner = planner
+        # None: every plan comes from the planner service.
+        self.local = local
+
+    def plan_for(self, params: SearchParams, deadline: float, degradations: Degradations) -> Planned:
+        """The plan, made at once when the local planner serves the request; else the planner
+        service's reply still to come, which the retrieval awaits while the legs that need no
+        plan run."""
+        local = self.local
         if local is not None and local.serves(params.hyde_mode):
             plan = local.plan(params.query, params.strategy, params.max_variations, params.history)
-            return self._usable_plan(plan, params)
-        if not params.history:
-            fanout.start_early()
-        planning = asyncio.create_task(self._plan(params, deadline, degradations))
-        try:
-            await fanout.run_until(planning)
-        finally:
-            if not planning.done():
-                planning.cancel()
-        return planning.result()
+            return self.usable(plan, params)
+        return self._from_service(params, deadline, degradations)
 
-    async def search(self, params: SearchParams) -> SearchOutcome:
-        started = time.perf_counter()
-        reranking = params.rerank and self.backends.reranker is not None
-        deadline = self._leg_deadline(reranking)
-        degradations = Degradations()
-        timings: dict[str, float] = {}
-
-        fanout = Fanout(
-            self.backends,
-            params,
-            self._early_pool(params),
-            deadline,
-            degradations,
-            self.settings.gateway_dense_combine,
-            self._texts_wanted(params, reranking),
-        )
-        try:
-            plan = await self._planned(params, fanout, deadline, degradations)
-            timings["planner"] = ms(time.perf_counter() - started)
-            # From here on every leg, the reranker and HyDE work on the query the plan searches (a
-            # follow-up's standalone rewrite); the outcome's plan says which it was.
-            params = dataclasses.replace(params, query=plan.searched_query)
-            dense_texts = [*plan.variations, *([plan.hyde_passage] if plan.hyde_passage.strip() else [])]
-            fanout.start_planned(params, plan, dense_texts, self._pool(params, plan.pool_size))
-            await fanout.collect()
-        except BaseException:
-            fanout.cancel()
-            raise
-        timings.update(fanout.timings)
-        self._raise_if_nothing_answered(params, fanout, degradations)
-        if self._needs_supplement(plan, params, fanout):
-            hyde_started = time.perf_counter()
-            await self._supplement_with_hyde(params, plan, fanout, degradations)
-            timings["hyde"] = ms(time.perf_counter() - hyde_started)
-
-        fuse_started = time.perf_counter()
-        fused = rrf(fanout.lists, params.weights, params.rrf_k)
-        if params.collapse_documents:
-            fused = collapse_documents(fused)
-        for rank, entry in enumerate(fused, 1):
-            entry.fused_rank = rank
-        to_rerank = (
-            candidate_count(self.settings, params.rerank_candidates, plan.strategy) if reranking else 0
-        )
-        top = fused[: max(params.top_k, to_rerank)]
-        fused_top = fused[: params.top_k] if to_rerank else []
-        timings["fuse"] = ms(time.perf_counter() - fuse_started)
-
-        hydrate_started = time.perf_counter()
-        top, chunks = await self.hydrator.hydrate(
-            params.collection, top, degradations, fanout.texts, self._reply_deadline()
-        )
-        timings["hydrate"] = ms(time.perf_counter() - hydrate_started)
-        reranked = False
-        if to_rerank and top and not self._off_topic(params, fanout):
-            rerank_started = time.perf_counter()
-            top, reranked = await self._rerank(params, top, to_rerank, chunks, degradations)
-            timings["rerank"] = ms(time.perf_counter() - rerank_started)
-        top = top[: params.top_k]
-        timings["total"] = ms(time.perf_counter() - started)
-        for stage, stage_ms in timings.items():
-            if stage != "total":
-                metrics.STAGE_SECONDS.labels(stage).observe(stage_ms / 1000)
-        found = degradations.as_list()
-        for item in found:
-            metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
-        return SearchOutcome(
-            top,
-            chunks,
-            plan,
-            found,
-            timings,
-            fanout.lists,
-            reranked,
-            fused_top,
-            fanout.unknown_terms,
-            fanout.best_dense_score(),
-            fanout.embedder_model,
-            fanout.novel_terms,
-        )
-
-    @staticmethod
-    def _off_topic(params: SearchParams, fanout: Fanout) -> bool:
-        floor = params.skip_rerank_off_topic
-        return floor is not None and floor.refuses(fanout.best_dense_score(), fanout.embedder_model)
-
-    def _needs_supplement(self, plan: planner_pb2.Plan, params: SearchParams, fanout: Fanout) -> bool:
-        """Supplement HyDE: only when the plain search came back weak, by the best dense
-        cosine or by how few results the legs found together."""
-        if plan.hyde_mode != planner_pb2.HYDE_MODE_SUPPLEMENT or not params.enabled(DENSE):
-            return False
-        best = fanout.best_dense_score()
-        found = len({hit.chunk_id for hits in fanout.lists.values() for hit in hits})
-        weak_score = best is None or best < self.settings.gateway_hyde_min_score
-        return weak_score or found < self.settings.gateway_hyde_min_results
-
-    async def _supplement_with_hyde(
-        self, params: SearchParams, plan: planner_pb2.Plan, fanout: Fanout, degradations: Degradations
-    ) -> None:
-        """Ask the planner for a hypothetical answer passage and search with it too; a failure
-        leaves the plain search's results, with a degradation."""
-        planner = self.backends.planner
-        try:
-            reply = await planner.call(
-                planner.stub.Hyde,
-                planner_pb2.HydeRequest(query=params.query),
-                timeout=fanout.deadline - time.monotonic(),
-                # Not retried: a failed generation would only be slow again within the same budget.
-                idempotent=False,
-            )
-            if reply.passage.strip():
-                await fanout.add_dense_text(reply.passage)
-        except DownstreamError as exc:
-            degradations.add_error(HYDE, exc, [DENSE])
-            return
-        plan.hyde_passage = reply.passage
-
-    async def _rerank(
-        self,
-        params: SearchParams,
-        top: list[Fused],
-        count: int,
-        chunks: dict[str, sparse_pb2.ChunkText],
-        degradations: Degradations,
-    ) -> tuple[list[Fused], bool]:
-        """The first ``count`` results reordered by the reranker, the rest after them in fused
-        order; on any reranker failure, ``top`` as it was, with a degradation."""
-        reranker = self.backends.reranker
-        assert reranker is not None
-        if not chunks:
-            degradations.add(RERANKER, ERROR, reranker.target, "no passage text to rerank (hydration failed)")
-            return top, False
-        candidates, rest = top[:count], top[count:]
-        try:
-            outcome = await rerank(
-                reranker,
-                params.query,
-                candidates,
-                chunks,
-                deadline=self._reply_deadline(),
-                fused_weight=self.settings.gateway_rerank_fused_weight,
-                rrf_k=params.rrf_k,
-                keep_fused_margin=params.keep_fused_margin,
-            )
-        except DownstreamError as exc:
-            degradations.add_error(RERANKER, exc)
-            for item in candidates:
-                item.rerank_score = None
-            return top, False
-        return [*outcome.results, *rest], outcome.reranked
-
-    def _raise_if_nothing_answered(
-        self, params: SearchParams, fanout: Fanout, degradations: Degradations
-    ) -> None:
-        found = degradations.as_list()
-        leg_failures = [d for d in found if d.legs and d.stage != PLANNER]
-        if fanout.answered == 0 and fanout.missing > 0 and not leg_failures:
-            raise not_found(f"collection {params.collection!r} does not exist")
-        if not fanout.failed_everywhere():
-            return
-        for item in found:
-            metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
-        detail = "; ".join(f"{d.stage} {d.reason}: {d.message}" for d in found)
-        if all(d.reason == DEADLINE for d in leg_failures):
-            raise deadline_exceeded(f"no retrieval leg answered within the deadline ({detail})")
-        raise unavailable(f"every retrieval leg failed ({detail})")
-
-    async def _plan(
+    async def _from_service(
         self, params: SearchParams, deadline: float, degradations: Degradations
     ) -> planner_pb2.Plan:
-        planner = self.backends.planner
+        planner = self.planner
         request = planner_pb2.PlanRequest(
             query=params.query,
             strategy=params.strategy,
@@ -325,16 +150,16 @@ class Searcher:
         except DownstreamError as exc:
             # Without a plan: the question alone, no keywords (the exact leg has no input).
             degradations.add_error(PLANNER, exc, [EXACT] if params.enabled(EXACT) else [])
-            return self._fallback_plan(params)
+            return self.fallback(params)
         if reply.fallback_reason:
             # The planner's LLM failed and it planned deterministically: the search runs, but the
             # caller should know the plan is the simpler one.
             reason = REASON_OF.get(reply.fallback_reason, ERROR)
             degradations.add(PLANNER, reason, planner.target, f"llm planner: {reply.fallback_message}")
-        return self._usable_plan(reply.plan, params)
+        return self.usable(reply.plan, params)
 
     @staticmethod
-    def _fallback_plan(params: SearchParams) -> planner_pb2.Plan:
+    def fallback(params: SearchParams) -> planner_pb2.Plan:
         strategy = params.strategy or planner_pb2.STRATEGY_PRECISE
         return planner_pb2.Plan(
             strategy=strategy,
@@ -345,9 +170,9 @@ class Searcher:
             searched_query=params.query,
         )
 
-    def _usable_plan(self, plan: planner_pb2.Plan, params: SearchParams) -> planner_pb2.Plan:
+    def usable(self, plan: planner_pb2.Plan, params: SearchParams) -> planner_pb2.Plan:
         """The plan as the legs will use it: the searched query first, no blanks or repeats,
-        within the gateway's limits (the plan is returned as used, so callers see what ran)."""
+        within the gateway's limits."""
         limit = params.max_variations or self.settings.gateway_max_variations
         searched = self._searched_query(plan, params)
         variations = list(dict.fromkeys([searched, *(v for v in plan.variations if v.strip())]))
@@ -370,6 +195,112 @@ class Searcher:
             return params.query
         return searched
 
+
+@dataclass
+class Ranked:
+    """The fused list as the later stages take it."""
+
+    # What is hydrated: the first top_k, or as many as are reranked when that is more.
+    top: list[Fused]
+    # The fused first top_k, reported beside a reranked order (empty when not reranking).
+    fused_top: list[Fused]
+    # How many of ``top`` go to the reranker (0: none).
+    to_rerank: int
+
+
+class Searcher:
+    """Runs one search's stages in order: plan, retrieve, fuse, hydrate, rerank."""
+
+    def __init__(
+        self, settings: GatewaySettings, backends: Backends, planner: LocalPlanner | None = None
+    ) -> None:
+        self.settings = settings
+        self.backends = backends
+        self.deadlines = Deadlines(settings)
+        self.planning = Planning(settings, backends.planner, planner)
+        self.hydrator = Hydrator(backends, settings.gateway_hydrate_sparse_share)
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> Searcher:
+        return cls(settings, Backends.from_settings(settings), local_planner(settings))
+
+    async def search(self, params: SearchParams) -> SearchOutcome:
+        started = time.perf_counter()
+        reranking = params.rerank and self.backends.reranker is not None
+        deadline = self.deadlines.legs(reranking)
+        degradations = Degradations()
+        texts_wanted = self._texts_wanted(params, reranking)
+        planned = self.planning.plan_for(params, deadline, degradations)
+        retrieval = Retrieval(
+            self.settings,
+            self.backends,
+            degradations,
+            deadline=deadline,
+            largest_pool=LARGEST_POOL,
+            texts_wanted=texts_wanted,
+            started=started,
+        )
+        retrieved = await retrieval.retrieve(params, planned)
+        # The request as the plan searched it (a follow-up's standalone rewrite) from here on.
+        params, timings = retrieved.params, retrieved.timings
+        with metrics.timed(timings, "fuse"):
+            ranked = self._ranked(params, retrieved, reranking)
+        with metrics.timed(timings, "hydrate"):
+            top, chunks = await self.hydrator.hydrate(
+                params.collection, ranked.top, degradations, retrieved.found.texts, self.deadlines.reply()
+            )
+        reranked = False
+        if ranked.to_rerank and top and not _off_topic(retrieved):
+            with metrics.timed(timings, "rerank"):
+                top, reranked = await self._rerank(params, top, ranked.to_rerank, chunks, degradations)
+        timings["total"] = ms(time.perf_counter() - started)
+        return SearchOutcome(
+            results=top[: params.top_k],
+            chunks=chunks,
+            plan=retrieved.plan,
+            degradations=_reported(timings, degradations),
+            timings=timings,
+            leg_lists=retrieved.found.lists,
+            reranked=reranked,
+            fused=ranked.fused_top,
+            unknown_terms=retrieved.found.unknown_terms,
+            similarity=retrieved.similarity,
+            embedder_model=retrieved.embedder_model,
+            novel_terms=retrieved.found.novel_terms,
+        )
+
+    def _ranked(self, params: SearchParams, retrieved: Retrieved, reranking: bool) -> Ranked:
+        fused = fuse(retrieved.found.lists, params.weights, params.rrf_k, params.collapse_documents)
+        to_rerank = (
+            candidate_count(self.settings, params.rerank_candidates, retrieved.plan.strategy)
+            if reranking
+            else 0
+        )
+        return Ranked(
+            fused[: max(params.top_k, to_rerank)], fused[: params.top_k] if to_rerank else [], to_rerank
+        )
+
+    async def _rerank(
+        self,
+        params: SearchParams,
+        top: list[Fused],
+        count: int,
+        chunks: dict[str, sparse_pb2.ChunkText],
+        degradations: Degradations,
+    ) -> tuple[list[Fused], bool]:
+        reranker = self.backends.reranker
+        assert reranker is not None
+        return await rerank_top(
+            reranker,
+            params,
+            top,
+            count,
+            chunks,
+            degradations,
+            deadline=self.deadlines.reply(),
+            fused_weight=self.settings.gateway_rerank_fused_weight,
+        )
+
     def _texts_wanted(self, params: SearchParams, reranking: bool) -> int:
         """How many of each leg's first hits should come with their text: what a precise plan
         shows and reranks (an exhaustive plan's further candidates are hydrated)."""
@@ -377,3 +308,21 @@ class Searcher:
             return params.top_k
         precise = planner_pb2.STRATEGY_PRECISE
         return max(params.top_k, candidate_count(self.settings, params.rerank_candidates, precise))
+
+
+def _off_topic(retrieved: Retrieved) -> bool:
+    """An Ask's question that its gate will refuse as off topic: reranking its passages would
+    be time spent on an answer that is not given."""
+    floor = retrieved.params.skip_rerank_off_topic
+    return floor is not None and floor.refuses(retrieved.similarity, retrieved.embedder_model)
+
+
+def _reported(timings: dict[str, float], degradations: Degradations) -> list[Degradation]:
+    """The search's degradations, once every stage's time and each degradation is counted."""
+    for stage, stage_ms in timings.items():
+        if stage != "total":
+            metrics.STAGE_SECONDS.labels(stage).observe(stage_ms / 1000)
+    found = degradations.as_list()
+    for item in found:
+        metrics.DEGRADATIONS.labels(item.stage, item.reason).inc()
+    return found

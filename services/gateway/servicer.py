@@ -1,5 +1,6 @@
-"""gRPC face of the gateway: validates the request, runs the search and turns the outcome
-into the public SearchResponse."""
+"""gRPC face of the gateway: validates the request, runs the search (Search) or the ask (Ask,
+AskStream: the answer wing, services.gateway.answer) and turns the outcome into the public
+response. The one module that wires both wings."""
 
 from __future__ import annotations
 
@@ -15,17 +16,10 @@ from meshkit.settings import GatewaySettings
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.narrator.v1 import narrator_pb2
 from services.gateway import metrics
-from services.gateway.answer_text import preview
-from services.gateway.ask import (
-    EXTRACTOR,
-    NARRATOR,
-    Asker,
-    AskOutcome,
-    AskParams,
-    Delta,
-    Done,
-    Progress,
-)
+from services.gateway.answer.ask import Asker, AskOutcome, AskParams, Delta, Done, Progress
+from services.gateway.answer.extract import EXTRACTOR
+from services.gateway.answer.narrate import NARRATOR
+from services.gateway.answer.text import preview
 from services.gateway.collections import CollectionResolver
 from services.gateway.degradations import (
     BREAKER_OPEN,

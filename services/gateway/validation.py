@@ -1,11 +1,11 @@
 """Search request validation: every field checked against the gateway's limits before any
-downstream sees it, and the request's options resolved against the server defaults."""
+downstream sees it, and the request's options resolved against the server defaults
+(``SearchParams``, and the topicality floor an Ask sets on its search)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from meshkit.core.errors import invalid_argument, resource_exhausted
 from meshkit.domain.collections import CollectionRecord, reserved_name_problem
@@ -17,12 +17,34 @@ from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.planner.v1 import planner_pb2
 
-if TYPE_CHECKING:
-    from services.gateway.sentences import TopicalityFloor
-
 DENSE, BM25, EXACT = "dense", "bm25", "exact"
 LEGS = (DENSE, BM25, EXACT)
 DEFAULT_TOP_K = 10
+
+
+@dataclass(frozen=True)
+class TopicalityFloor:
+    """The gate's topicality floor as configured: ``min_similarity`` (-1: off) for questions
+    embedded by one of ``models`` ("*": any). Cosines are one embedder's scale, so a floor
+    calibrated for one model says nothing of another's: it is then not applied. It lives with
+    the search's parameters because a search an Ask runs skips reranking a question the floor
+    refuses (the answer wing reads the same floor for its gate)."""
+
+    min_similarity: float
+    models: frozenset[str]
+
+    @classmethod
+    def parse(cls, min_similarity: float, models: str) -> TopicalityFloor:
+        return cls(min_similarity, frozenset(m.strip() for m in models.split(",") if m.strip()))
+
+    def similarity(self, best: float | None, model: str) -> float | None:
+        """``best`` (the dense leg's best cosine) when the floor holds for ``model``; else None."""
+        return best if "*" in self.models or model in self.models else None
+
+    def refuses(self, best: float | None, model: str) -> bool:
+        """Whether a question this near the collection, embedded by ``model``, is off topic."""
+        calibrated = self.similarity(best, model)
+        return calibrated is not None and calibrated < self.min_similarity
 
 
 @dataclass(frozen=True)

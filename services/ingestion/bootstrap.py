@@ -18,7 +18,7 @@ from meshkit.domain.collections import open_collections_bucket
 from meshkit.settings import IngestionSettings
 from meshkit.storage.natsconn import connect_options
 from meshkit.storage.objectstore import ObjectStore
-from services.ingestion.lifecycle import open_buckets
+from services.ingestion.lifecycle.buckets import open_buckets
 from services.ingestion.topology import ensure_topology
 
 log = logging.getLogger("ragmesh.bootstrap")

@@ -1,7 +1,7 @@
 """Dead letters: ingest events whose document failed for good, kept with their reason and
 attempt count in the dead-letter stream until an operator replays or drops them.
 
-Only workers dead-letter, and only by their own count (services/ingestion/lifecycle.py): a
+Only workers dead-letter, and only by their own count (services/ingestion/lifecycle/): a
 permanent document failure, the last counted attempt, an infrastructure outage longer than its
 window, or a claim that finds the previous attempts used up (the workers that had them died).
 Nothing depends on a JetStream advisory or on another process being up. A letter is published

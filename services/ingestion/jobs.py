@@ -17,9 +17,9 @@ from ragmesh.common.v1 import common_pb2
 from services.ingestion.chunking import ChunkDraft
 from services.ingestion.events import IngestEvent
 from services.ingestion.frontmatter import merged_metadata
-from services.ingestion.lifecycle_entries import DocRecord, Versioned
-from services.ingestion.lifecycle_outcomes import COUNTED, PERMANENT, TRANSIENT, Claim, FailureKind
-from services.ingestion.lifecycle_retry import STATE_STORE_ERRORS
+from services.ingestion.lifecycle.entries import DocRecord, Versioned
+from services.ingestion.lifecycle.outcomes import COUNTED, PERMANENT, TRANSIENT, Claim, FailureKind
+from services.ingestion.lifecycle.retry import STATE_STORE_ERRORS
 
 # The pipeline's logger: failure_of was split out of it, its log lines keep their name.
 log = logging.getLogger("services.ingestion.pipeline")

@@ -8,7 +8,7 @@ group, which shares its Embed calls and makes one ReplaceDocuments per store. A 
 therefore never holds back its batch-mates; each job is settled (``settle``) as soon as its
 group is done.
 
-Every write happens under the job's claim (services/ingestion/lifecycle.py): the claim is
+Every write happens under the job's claim (services/ingestion/lifecycle/): the claim is
 checked before the stores are written, the stores get its fence and answer ``stale_doc_ids``
 for a replacement older than one they applied, and the record is committed only while the
 claim holds. A job whose claim was taken over writes nothing more and is settled as lost.
@@ -39,9 +39,9 @@ from ragmesh.sparse.v1 import sparse_pb2
 from services.ingestion.chunking import ChunkDraft, Chunker
 from services.ingestion.events import IngestEvent
 from services.ingestion.jobs import Job, JobFailure, PreparedChunk, Settle, failure_of
-from services.ingestion.lifecycle import Lifecycle
-from services.ingestion.lifecycle_entries import DocRecord
-from services.ingestion.lifecycle_outcomes import ClaimLost
+from services.ingestion.lifecycle.entries import DocRecord
+from services.ingestion.lifecycle.outcomes import ClaimLost
+from services.ingestion.lifecycle.store import Lifecycle
 from services.ingestion.sandbox import DocumentSandbox, PreparationFailed
 from services.ingestion.stores import Stores
 

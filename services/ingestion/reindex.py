@@ -6,16 +6,22 @@ A reindex is three phases, each kept in the collection record so any crash resum
 1. **Start**: the record gets ``pending_generation`` = serving + 1 (compare-and-set). From then on
    the API submits every new version and delete to both generations, and the workers record the
    new generation's embedder on its first write.
-2. **Build**: each call compares the serving generation's documents with the new one's (the
-   status view, no KV reads) and submits what the new one lacks through the normal pipeline:
-   the stored bytes are copied to a key of the new generation (so deleting the old generation
-   later never touches them) and requested like any submission, a bounded batch per call.
-   When every document indexed in the serving generation is indexed at the same version in the
-   new one, nothing waits and nothing failed there, the record switches ``generation`` in one
-   compare-and-set: readers (gateway, API) move to it within their cache period.
+2. **Build**: each call compares the next page of the serving generation's documents with the
+   new one's (services/ingestion/reindex_pass.py: passes in doc id order over the API's status
+   index, from a cursor, so a call costs its page, never the collection) and submits what the
+   new one lacks through the normal pipeline: the stored bytes are copied to a key of the new
+   generation (so deleting the old generation later never touches them) and requested like any
+   submission, a bounded batch per call. When a whole pass found every document indexed in the
+   serving generation indexed at the same version in the new one, nothing waiting, nothing
+   failed there and neither generation changed meanwhile, the record switches ``generation`` in
+   one compare-and-set: readers (gateway, API) move to it within their cache period.
 3. **Retire**: once ``reindex_retire_delay_s`` has passed since the switch (no reader can still
    be searching the old generation), the old generation's documents are deleted through the
-   pipeline (their stores' chunks and their own copies of the bytes); then the record forgets it.
+   pipeline (their stores' chunks and their own copies of the bytes), a page per call from a
+   cursor; once its counts show none left, the record forgets it.
+
+A pass's cursor lives in the API process (a restarted API begins a new pass: the next call
+costs one page, as any); the reindex's phases live in the collection record.
 
 Documents whose latest version failed in the serving generation are not carried (there is no
 indexed version to carry that the status can name): replay them first.
@@ -26,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from meshkit.core.errors import failed_precondition, invalid_argument, not_found
@@ -40,11 +46,13 @@ from meshkit.domain.ids import MAX_COLLECTION_CHARS, doc_key, sha256_hex, valida
 from meshkit.settings import IngestionSettings
 from meshkit.storage.objectstore import ObjectNotFound, ObjectStore
 from ragmesh.ingestion.v1 import ingestion_pb2
-from services.ingestion.events import IngestEvent, new_request_id, object_key_for
-from services.ingestion.lifecycle_entries import DocStatus
-from services.ingestion.lifecycle_requests import PENDING, UNCHANGED, RequestOutcome, unneeded
-from services.ingestion.lifecycle_states import DELETED, FAILED, INDEXED, PENDING_STATES
-from services.ingestion.status_view import StatusView
+from services.ingestion.events import DELETE_TARGET, IngestEvent, new_request_id, object_key_for
+from services.ingestion.lifecycle.entries import DocStatus
+from services.ingestion.lifecycle.machine import DELETED, FAILED, INDEXED, PENDING_STATES
+from services.ingestion.lifecycle.requests import PENDING, UNCHANGED, RequestOutcome, unneeded
+from services.ingestion.lifecycle.rows import Row
+from services.ingestion.lifecycle.view import StatusView
+from services.ingestion.reindex_pass import SCAN_ROWS, Page, Tally, Walk, make_page
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,8 @@ PHASE_PB = {
 COPY_CONCURRENCY = 16
 
 Request = Callable[[IngestEvent], Awaitable[RequestOutcome]]
+# Reads a document's status from the status bucket (None: no entry), by its key.
+ReadStatus = Callable[[str], Awaitable[DocStatus | None]]
 
 
 @dataclass
@@ -137,7 +147,7 @@ def _delete_event(collection: str, doc_id: str) -> IngestEvent:
     )
 
 
-def plan_build(source: list[DocStatus], target: dict[str, DocStatus], new_physical: str) -> _Plan:
+def plan_build(source: Iterable[DocStatus], target: Mapping[str, DocStatus], new_physical: str) -> _Plan:
     """Compare the serving generation's documents (``source``) with the new generation's
     (``target``, by doc id): what must be copied or deleted there, and the counts."""
     plan = _Plan(copies=[], deletes=[])
@@ -181,18 +191,23 @@ class Reindexer:
         view: StatusView,
         objects: ObjectStore,
         request: Request,
+        read_status: ReadStatus,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.view = view
         self.objects = objects
         self.request = request
+        self.read_status = read_status
         self._slots = asyncio.Semaphore(COPY_CONCURRENCY)
+        # The pass under way per (collection, generation built); the retire cursor per old one.
+        self._walks: dict[tuple[str, int], Walk] = {}
+        self._retire_after: dict[str, str] = {}
 
     async def step(self, collection: str, start: bool) -> Progress:
         record, _ = await self.registry.get(collection)
         if record is None:
-            if not self.view.statuses(collection):
+            if not self.view.has_documents(collection):
                 raise not_found(f"collection {collection!r} has no documents to reindex")
             # Indexed before collections had records: its generation 1 is what it holds.
             record = await self.registry.update(
@@ -232,19 +247,58 @@ class Reindexer:
 
     async def _build(self, record: CollectionRecord) -> Progress:
         new_physical = physical_name(record.collection, record.pending_generation)
-        target = {s.doc_id: s for s in self.view.statuses(new_physical)}
-        plan = plan_build(self.view.statuses(record.physical), target, new_physical)
+        pair = (record.physical, new_physical)
+        walk = self._walks.get((record.collection, record.pending_generation))
+        if walk is None:
+            walk = Walk(self._changes(pair))
         batch = self.settings.reindex_batch_documents
-        await asyncio.gather(*(self._copy(status, new_physical) for status in plan.copies[:batch]))
-        for doc_id in plan.deletes[:batch]:
-            await self.request(_delete_event(new_physical, doc_id))
-        if plan.pending == 0 and plan.failed == 0 and plan.indexed == plan.documents:
-            record = await self._switch(record)
-            return await self._retire(record)
+        page = make_page(
+            self.view.rows_after(record.physical, walk.after, SCAN_ROWS),
+            self.view.rows_after(new_physical, walk.after, SCAN_ROWS),
+            SCAN_ROWS,
+            batch,
+        )
+        tally = page.tally + await self._plan_page(page, record.physical, new_physical)
+        walk.record(page.end, tally)
+        if page.end is None:
+            if walk.found.complete and self._changes(pair) == walk.changes_at_start:
+                self._walks.pop((record.collection, record.pending_generation), None)
+                record = await self._switch(record)
+                return await self._retire(record)
+            walk = walk.next_pass(self._changes(pair))
+        self._walks[(record.collection, record.pending_generation)] = walk
+        counts = self.view.counts(record.physical)
+        estimate = walk.estimate(counts.by_state[INDEXED] if counts else 0)
         progress = _progress(record, BUILDING, record.pending_generation)
-        progress.documents, progress.indexed = plan.documents, plan.indexed
-        progress.pending, progress.failed = plan.pending, plan.failed
+        progress.documents, progress.indexed = estimate.documents, estimate.indexed
+        progress.pending, progress.failed = estimate.pending, estimate.failed
         return progress
+
+    def _changes(self, pair: tuple[str, str]) -> int:
+        return sum(self.view.changes(collection) for collection in pair)
+
+    async def _plan_page(self, page: Page, serving: str, new_physical: str) -> Tally:
+        """Read the page's undecided documents from the status bucket, plan them, submit what
+        the plan says; their tally."""
+        if not page.to_plan:
+            return Tally()
+        sources = await self._read(serving, page.to_plan, page.serving)
+        targets = await self._read(new_physical, page.to_plan, page.building)
+        plan = plan_build(sources.values(), targets, new_physical)
+        batch = self.settings.reindex_batch_documents
+        copies, deletes = plan.copies[:batch], plan.deletes[:batch]
+        await asyncio.gather(*(self._copy(status, new_physical) for status in copies))
+        for doc_id in deletes:
+            await self.request(_delete_event(new_physical, doc_id))
+        return Tally(plan.documents, plan.indexed, plan.pending, plan.failed, len(copies) + len(deletes))
+
+    async def _read(
+        self, collection: str, doc_ids: list[str], rows: Mapping[str, Row]
+    ) -> dict[str, DocStatus]:
+        """The statuses of those of ``doc_ids`` the index holds a row of in ``collection``."""
+        held = [doc_id for doc_id in doc_ids if doc_id in rows]
+        found = await asyncio.gather(*(self.read_status(doc_key(collection, doc_id)) for doc_id in held))
+        return {doc_id: status for doc_id, status in zip(held, found, strict=True) if status is not None}
 
     async def _copy(self, status: DocStatus, new_physical: str) -> None:
         """Submit the serving generation's indexed version of a document to the new one, from a
@@ -304,21 +358,38 @@ class Reindexer:
         old = record.retired_generation
         progress = _progress(record, RETIRING, old)
         old_physical = physical_name(record.collection, old)
-        left = [s for s in self.view.statuses(old_physical) if s.state != DELETED]
-        progress.retiring = len(left)
+        counts = self.view.counts(old_physical)
+        progress.retiring = sum(counts.by_state.values()) - counts.by_state[DELETED] if counts else 0
         if time.time() - record.switched_at < self.settings.reindex_retire_delay_s:
             return progress  # readers may still be searching it
-        if left:
-            for status in left[: self.settings.reindex_batch_documents]:
-                event = _delete_event(old_physical, status.doc_id)
-                if unneeded(status, event) is None:
-                    await self.request(event)
+        if progress.retiring:
+            await self._delete_page(old_physical)
             return progress
 
         def forget(current: CollectionRecord | None) -> CollectionRecord:
             assert current is not None
             return replace(current, retired_generation=0, updated_at=time.time())
 
+        self._retire_after.pop(old_physical, None)
         record = await self.registry.update(record.collection, forget)
         log.info("reindex complete", extra={"collection": record.collection, "generation": record.generation})
         return _progress(record, DONE, 0)
+
+    async def _delete_page(self, old_physical: str) -> None:
+        """Request the deletion of the next ``reindex_batch_documents`` documents of the old
+        generation that are neither deleted nor being deleted, from the retire cursor (back to
+        the start once it reached the end)."""
+        batch = self.settings.reindex_batch_documents
+        rows = self.view.rows_after(old_physical, self._retire_after.get(old_physical, ""), SCAN_ROWS)
+        todo = [row for row in rows if not _leaving(row)][:batch]
+        if len(todo) == batch:
+            self._retire_after[old_physical] = todo[-1].doc_id
+        else:
+            self._retire_after[old_physical] = rows[-1].doc_id if len(rows) >= SCAN_ROWS else ""
+        for row in todo:
+            await self.request(_delete_event(old_physical, row.doc_id))
+
+
+def _leaving(row: Row) -> bool:
+    """Deleted, or its delete already requested (``unneeded`` would say absent or pending)."""
+    return row.state == DELETED or (row.state in PENDING_STATES and row.target_sha256 == DELETE_TARGET)

@@ -1,8 +1,13 @@
 """IngestionService: validates documents, stores their bytes in the object store, records
-each submission or delete as the document's current request (services/ingestion/lifecycle.py:
+each submission or delete as the document's current request (services/ingestion/lifecycle/:
 the status write is the commit point) and announces it on the ingest stream; reports
 lifecycle and manages dead letters. The checks of submitted documents are in
 services/ingestion/submissions.py, the status messages in services/ingestion/status_messages.py.
+
+Collection status, the listings and reindex read the status index (services/ingestion/lifecycle/
+view.py: SQLite in the API's data dir, following the status bucket); until it has caught up
+with the bucket after a start, those calls answer UNAVAILABLE with a retry hint. Document status
+reads the bucket itself.
 
 Errors returned to callers say what failed and what to do, with the request id; the
 exception itself is logged under that id, never sent."""
@@ -32,14 +37,14 @@ from meshkit.storage.objectstore import UNAVAILABLE_ERRORS, ObjectStore
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from services.ingestion.deadletters import DeadLetter, DeadLetters
 from services.ingestion.events import IngestEvent, new_request_id, object_key_for
-from services.ingestion.lifecycle import Lifecycle
-from services.ingestion.lifecycle_entries import DocStatus
-from services.ingestion.lifecycle_requests import REQUESTED, REQUEUED, UNCHANGED, RequestOutcome, unneeded
-from services.ingestion.lifecycle_retry import STATE_STORE_ERRORS, Contended
-from services.ingestion.lifecycle_states import DELETED, DELETING, FAILED, INDEXED, PROCESSING, QUEUED
+from services.ingestion.lifecycle.entries import DocStatus
+from services.ingestion.lifecycle.machine import DELETED, DELETING, FAILED, INDEXED, PROCESSING, QUEUED
+from services.ingestion.lifecycle.requests import REQUESTED, REQUEUED, UNCHANGED, RequestOutcome, unneeded
+from services.ingestion.lifecycle.retry import STATE_STORE_ERRORS, Contended
+from services.ingestion.lifecycle.store import Lifecycle
+from services.ingestion.lifecycle.view import StatusView
 from services.ingestion.reindex import Reindexer, generations, to_response
 from services.ingestion.status_messages import STATE_TO_PROTO, status_message, timestamp
-from services.ingestion.status_view import StatusView
 from services.ingestion.submissions import Submission, validate_documents
 from services.ingestion.topology import ensure_topology, publish_event
 
@@ -91,7 +96,7 @@ def unavailable_error(doing: str, exc: BaseException, **context: Any) -> Service
 class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     def __init__(self, settings: IngestionSettings) -> None:
         self.settings = settings
-        self.view = StatusView()
+        self.view = StatusView(settings)
         self.nc: NATS | None = None
         self.js: JetStreamContext | None = None
         self.lifecycle: Lifecycle | None = None
@@ -114,15 +119,27 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         self.lifecycle = await Lifecycle.open(self.js, self.settings)
         self.dead_letters = DeadLetters(self.js, self.settings)
         await self.objects.ensure_bucket(self.settings.documents_bucket)
-        await self.view.start(self.lifecycle.status_kv)
+        await self.view.start(self.js)
         bucket = await open_collections_bucket(self.js, self.settings.nats_stream_replicas)
         self.collections = CollectionRegistry(bucket)
-        self.reindexer = Reindexer(self.settings, self.collections, self.view, self.objects, self._request)
+        self.reindexer = Reindexer(
+            self.settings, self.collections, self.view, self.objects, self._request, self._read_status
+        )
 
     async def stop(self) -> None:
         await self.view.stop()
         if self.nc:
             await self.nc.drain()
+
+    async def _read_status(self, key: str) -> DocStatus | None:
+        assert self.lifecycle is not None
+        return (await self.lifecycle.status(key)).value
+
+    def _index_ready(self) -> None:
+        """Refuse a call answered from the status index while it catches up after a start."""
+        reason = self.view.not_ready_reason()
+        if reason:
+            raise unavailable(f"{reason}; retry in a moment (request id {current_request_id()})")
 
     # --- collections and their generations (meshkit.domain.collections) ----------------------------
 
@@ -141,6 +158,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     ) -> ingestion_pb2.ReindexCollectionResponse:
         assert self.reindexer is not None
         collection = (await self._generations(request.collection))[0]
+        self._index_ready()
         logical = split_physical(collection)[0]
         try:
             progress = await self.reindexer.step(logical, request.start)
@@ -316,6 +334,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         self, request: ingestion_pb2.GetCollectionStatusRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.GetCollectionStatusResponse:
         collection = (await self._generations(request.collection))[0]
+        self._index_ready()
         counts = self.view.counts(collection)
         if counts is None:
             raise not_found(f"collection {request.collection!r} has no documents")
@@ -334,6 +353,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
         self, request: ingestion_pb2.ListCollectionsRequest, context: grpc.aio.ServicerContext
     ) -> ingestion_pb2.ListCollectionsResponse:
         # A collection is listed once, whichever generations of it hold documents.
+        self._index_ready()
         names = sorted({split_physical(name)[0] for name in self.view.collections()})
         return ingestion_pb2.ListCollectionsResponse(collections=readable(names))
 
@@ -342,19 +362,28 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
     ) -> ingestion_pb2.ListDocumentsResponse:
         # The serving generation's documents (after a reindex they live under C__g<n>).
         collection = (await self._generations(request.collection))[0]
+        self._index_ready()
         limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
-        page, more = self.view.documents(collection, request.source_uri_prefix, request.after_doc_id, limit)
+        prefix = request.source_uri_prefix
+        if request.by_source_uri:
+            page, more = self.view.documents_by_source(
+                collection, prefix, request.after_source_uri, request.after_doc_id, limit
+            )
+        else:
+            page, more = self.view.documents(collection, prefix, request.after_doc_id, limit)
+        last = page[-1] if more and page else None
         return ingestion_pb2.ListDocumentsResponse(
             documents=[
                 ingestion_pb2.DocumentSummary(
-                    doc_id=status.doc_id,
-                    state=STATE_TO_PROTO.get(status.state, ingestion_pb2.DOCUMENT_STATE_UNSPECIFIED),
-                    source_uri=status.request.source_uri if status.request else "",
-                    content_sha256=status.indexed_sha256 or status.target_sha256,
+                    doc_id=row.doc_id,
+                    state=STATE_TO_PROTO.get(row.state, ingestion_pb2.DOCUMENT_STATE_UNSPECIFIED),
+                    source_uri=row.source_uri,
+                    content_sha256=row.content_sha256,
                 )
-                for status in page
+                for row in page
             ],
-            next_after_doc_id=page[-1].doc_id if more and page else "",
+            next_after_doc_id=last.doc_id if last else "",
+            next_after_source_uri=last.source_uri if last and request.by_source_uri else "",
         )
 
     # --- dead letters -----------------------------------------------------------------------

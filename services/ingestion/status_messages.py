@@ -8,10 +8,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from meshkit.domain.collections import split_physical
 from ragmesh.ingestion.v1 import ingestion_pb2
-from services.ingestion.lifecycle_entries import DocStatus
-from services.ingestion.lifecycle_states import DELETED, DELETING, FAILED, INDEXED, PROCESSING, QUEUED
+from services.ingestion.lifecycle.entries import DocStatus
+from services.ingestion.lifecycle.machine import DELETED, DELETING, FAILED, INDEXED, PROCESSING, QUEUED
 
-STATE_TO_PROTO = {
+STATE_TO_PROTO: dict[str, ingestion_pb2.DocumentState] = {
     QUEUED: ingestion_pb2.DOCUMENT_STATE_QUEUED,
     PROCESSING: ingestion_pb2.DOCUMENT_STATE_PROCESSING,
     INDEXED: ingestion_pb2.DOCUMENT_STATE_INDEXED,

@@ -3,7 +3,7 @@ dead-letter stream and the state buckets. Declared idempotently by every process
 needs them, so a fresh NATS server (or a new cluster) is set up by starting the services.
 
 The consumer redelivers without limit (``max_deliver`` -1): attempts are counted by the
-lifecycle (services/ingestion/lifecycle.py), which dead-letters by its own count, so a
+lifecycle (services/ingestion/lifecycle/), which dead-letters by its own count, so a
 "busy" redelivery or an infrastructure outage never exhausts an event. A consumer created by
 an older version with a delivery limit is recreated, which also brings back the events that
 had exhausted their deliveries under it.

@@ -1,7 +1,7 @@
 """Ingestion worker: a pull consumer on the ingest work-queue stream.
 
 Each loop fetches a batch of events and claims each document through the lifecycle
-(services/ingestion/lifecycle.py: compare-and-set on its status, so two workers never both
+(services/ingestion/lifecycle/: compare-and-set on its status, so two workers never both
 own one, with a fence that refuses a stale owner's writes). The claimed jobs run through the
 pipeline, and each event is settled as soon as its document has an outcome: ack on success,
 nak with a delay on a failure worth retrying, dead-letter + term when the lifecycle gives up.
@@ -42,8 +42,7 @@ from services.ingestion.chunking import Chunker
 from services.ingestion.deadletters import DeadLetters
 from services.ingestion.events import IngestEvent, MalformedEvent
 from services.ingestion.jobs import Job, JobFailure, Settle
-from services.ingestion.lifecycle import Lifecycle
-from services.ingestion.lifecycle_outcomes import (
+from services.ingestion.lifecycle.outcomes import (
     Busy,
     Claim,
     ClaimResult,
@@ -56,6 +55,7 @@ from services.ingestion.lifecycle_outcomes import (
     Success,
     Superseded,
 )
+from services.ingestion.lifecycle.store import Lifecycle
 from services.ingestion.pipeline import IngestPipeline
 from services.ingestion.reconciler import Reconciler
 from services.ingestion.stores import Stores

@@ -1,5 +1,6 @@
 """gRPC face of the planner: validates the request, asks the configured planner for a plan (or
-the HyDE writer for a passage) and maps it to the wire. Planners know nothing of protobuf (see
+the HyDE writer for a passage) and maps it to the wire (with the conversions of ``public.py``,
+which the gateway's in-process planner shares). Planners know nothing of protobuf (see
 ``plan.py``); when HyDE is served, and what "an LLM is configured" means, is in ``hyde.py``."""
 
 from __future__ import annotations
@@ -15,24 +16,17 @@ from meshkit.rpc.server import Hook, ServiceSpec, text_request_bytes
 from meshkit.settings import PlannerSettings
 from ragmesh.planner.v1 import planner_pb2, planner_pb2_grpc
 from services.planner import metrics
-from services.planner.deterministic import DeterministicPlanner, PoolSizes
 from services.planner.hyde import HydeWriter, WithHyde, resolve_hyde_mode
 from services.planner.llm import LLMPlanner
-from services.planner.plan import HydeMode, PlanInput, Planner, RetrievalPlan, Strategy, Turn
+from services.planner.plan import PlanInput, Planner, Turn
+from services.planner.public import (
+    HYDE_FROM_PB,
+    STRATEGY_FROM_PB,
+    deterministic_planner,
+    llm_wanted,
+    plan_to_pb,
+)
 
-_STRATEGY_FROM_PB = {
-    planner_pb2.STRATEGY_UNSPECIFIED: None,
-    planner_pb2.STRATEGY_PRECISE: Strategy.PRECISE,
-    planner_pb2.STRATEGY_EXHAUSTIVE: Strategy.EXHAUSTIVE,
-}
-_STRATEGY_TO_PB = {s: pb for pb, s in _STRATEGY_FROM_PB.items() if s is not None}
-_HYDE_FROM_PB = {
-    planner_pb2.HYDE_MODE_UNSPECIFIED: None,
-    planner_pb2.HYDE_MODE_OFF: HydeMode.OFF,
-    planner_pb2.HYDE_MODE_FUSION: HydeMode.FUSION,
-    planner_pb2.HYDE_MODE_SUPPLEMENT: HydeMode.SUPPLEMENT,
-}
-_HYDE_TO_PB = {h: pb for pb, h in _HYDE_FROM_PB.items() if h is not None}
 _FROM_USER = {planner_pb2.TURN_ROLE_USER: True, planner_pb2.TURN_ROLE_ASSISTANT: False}
 # Protobuf framing of one history turn (tag, length, role) over its text.
 TURN_OVERHEAD_BYTES = 16
@@ -93,16 +87,16 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             raise invalid_argument(
                 f"max_variations is {request.max_variations}, the limit is {limits.planner_max_variations}"
             )
-        if request.strategy not in _STRATEGY_FROM_PB:
+        if request.strategy not in STRATEGY_FROM_PB:
             raise invalid_argument(f"unknown strategy {request.strategy}")
-        if request.hyde_mode not in _HYDE_FROM_PB:
+        if request.hyde_mode not in HYDE_FROM_PB:
             raise invalid_argument(f"unknown hyde_mode {request.hyde_mode}")
         return PlanInput(
             query=query,
-            strategy=_STRATEGY_FROM_PB[request.strategy],
+            strategy=STRATEGY_FROM_PB[request.strategy],
             max_variations=request.max_variations or default_variations(limits),
             hyde_mode=resolve_hyde_mode(
-                _HYDE_FROM_PB[request.hyde_mode],
+                HYDE_FROM_PB[request.hyde_mode],
                 limits.planner_hyde_mode,
                 llm_configured=self.hyde is not None,
             ),
@@ -130,39 +124,11 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         return tuple(turns)
 
 
-def plan_to_pb(plan: RetrievalPlan) -> planner_pb2.Plan:
-    return planner_pb2.Plan(
-        strategy=_STRATEGY_TO_PB[plan.strategy],
-        pool_size=plan.pool_size,
-        variations=plan.variations,
-        hard_keywords=plan.hard_keywords,
-        hyde_passage=plan.hyde_passage,
-        hyde_mode=_HYDE_TO_PB[plan.hyde_mode],
-        planner=plan.planner,
-        searched_query=plan.searched_query,
-    )
-
-
-def llm_wanted(settings: PlannerSettings) -> bool:
-    """Whether the settings ask for an LLM; see ``hyde.py`` for what follows from it."""
-    return settings.planner_mode == "llm" or settings.planner_hyde_mode != "off"
-
-
 def default_variations(settings: PlannerSettings) -> int:
     """Dense queries a plan gets when the caller leaves the count to the planner."""
     if settings.planner_mode == "llm":
         return settings.planner_default_variations
     return settings.planner_deterministic_variations
-
-
-def strategy_from_pb(strategy: planner_pb2.Strategy) -> Strategy | None:
-    """A known wire strategy as the planners take it (None: the planner decides)."""
-    return _STRATEGY_FROM_PB[strategy]
-
-
-def deterministic_planner(settings: PlannerSettings) -> DeterministicPlanner:
-    pools = PoolSizes(settings.planner_precise_pool, settings.planner_exhaustive_pool)
-    return DeterministicPlanner(pools, settings.planner_max_keywords)
 
 
 def default_planner(settings: PlannerSettings, llm: LLM | None = None) -> Planner:

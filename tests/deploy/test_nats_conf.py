@@ -33,7 +33,7 @@ from meshkit.domain.collections import (
     EmbedderIdentity,
     open_collections_bucket,
 )
-from services.ingestion.lifecycle import STATUS_BUCKET, open_buckets
+from services.ingestion.lifecycle.buckets import STATUS_BUCKET, open_buckets
 from services.ingestion.topology import ensure_topology
 
 from .nats_cluster import (

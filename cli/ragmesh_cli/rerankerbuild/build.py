@@ -129,7 +129,7 @@ def finish(
     started: float,
 ) -> int:
     from ragmesh_cli.rerankerbuild import export
-    from services.reranker.model import CrossEncoderModel
+    from services.reranker.public import CrossEncoderModel
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

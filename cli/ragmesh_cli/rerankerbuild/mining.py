@@ -23,14 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from meshkit.domain.ids import chunk_id_for
-from meshkit.settings import EmbedderSettings, IngestionSettings, SparseSettings
-from ragmesh.ingestion.v1 import ingestion_pb2
+from meshkit.settings import EmbedderSettings
 from ragmesh_cli.documents import WalkStats, read_corpus
-from services.embedder.model import EmbeddingModel, TextKind
-from services.ingestion.chunking import Chunker
-from services.ingestion.normalize import normalize
-from services.sparse.collection import Collection
-from services.sparse.records import ChunkRecord, DocumentUpdate
+from services.embedder.public import TextKind, load_model
+from services.ingestion.public import DocumentPreparer
+from services.sparse.public import ChunkRecord, Collection, DocumentUpdate, open_collection
 
 log = logging.getLogger("ragmesh.rerankerbuild")
 
@@ -87,16 +84,16 @@ def read_beir_corpus(path: Path) -> Iterator[tuple[str, str, str]]:
 
 def chunk_corpus(records: Iterable[tuple[str, str, str]], collection: str) -> Corpus:
     """Chunks exactly as ingestion makes them from a plain-text document."""
-    chunker = Chunker.from_settings(IngestionSettings())
+    preparer = DocumentPreparer()
     passages: list[Passage] = []
     by_doc: dict[str, list[int]] = {}
     titles: dict[str, str] = {}
     for doc_id, title, text in records:
         if not text.strip():
             continue
-        normalized = normalize(text.encode("utf-8"), ingestion_pb2.DOCUMENT_FORMAT_TEXT, title)
-        titles[doc_id] = normalized.title
-        for draft in chunker.chunk(normalized.markdown, normalized.title):
+        prepared = preparer.prepare_text(text, title)
+        titles[doc_id] = prepared.title
+        for draft in prepared.drafts:
             by_doc.setdefault(doc_id, []).append(len(passages))
             passages.append(Passage(chunk_id_for(collection, doc_id, draft.text), doc_id, draft.text))
     return Corpus(passages, by_doc, titles)
@@ -116,8 +113,7 @@ def best_chunk(corpus: Corpus, doc_id: str, query: str) -> int:
 
 def bm25_collection(corpus: Corpus, workdir: Path) -> Collection:
     """The corpus's chunks in a sparse-service collection (its analyzer, its title boost)."""
-    sparse = SparseSettings()
-    collection = Collection(workdir, COLLECTION, sparse.sparse_writer_heap_bytes, sparse.sparse_title_boost)
+    collection = open_collection(workdir, COLLECTION)
     updates = [
         DocumentUpdate(
             doc_id,
@@ -141,7 +137,7 @@ class Legs:
         self.index_of = {p.chunk_id: i for i, p in enumerate(corpus.passages)}
         self.bm25 = bm25_collection(corpus, workdir)
         self.doc_ids = sorted(corpus.by_doc)
-        self.model = EmbeddingModel.load(EmbedderSettings(embedder_max_tokens=DENSE_MINING_TOKENS))
+        self.model = load_model(EmbedderSettings(embedder_max_tokens=DENSE_MINING_TOKENS))
         self.doc_vectors = self._embed_documents()
 
     def _embed_documents(self) -> np.ndarray:

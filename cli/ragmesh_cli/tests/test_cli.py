@@ -1,5 +1,5 @@
 """The CLI without servers: address resolution, tables, config listing, the submit loop and the
---wait loop against a fake IngestionService stub."""
+--wait loop against a fake IngestionService (served in-process, called through ragmesh_client)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from ragmesh_cli.config import settings_rows
 from ragmesh_cli.documents import WalkStats
 from ragmesh_cli.main import build_parser, format_table, main, resolve_address
 from ragmesh_cli.stack import STATE_FILE, STATE_VERSION, Stack
+
+from .fake_ingestion import serve
 
 
 def fake_detect(filename: str, content: bytes) -> int | None:
@@ -149,15 +151,16 @@ def _corpus(path: Path, ids: list[str]) -> Path:
 async def test_submit_batches_with_bounded_concurrency(tmp_path: Path) -> None:
     ids = [f"d{i}" for i in range(50)] + ["same1", "same2"]
     stub = FakeStub()
-    result = await ingest.submit(
-        stub,  # type: ignore[arg-type]
-        "c",
-        [_corpus(tmp_path / "corpus.jsonl", ids)],
-        fake_detect,
-        WalkStats(),
-        max_in_flight=3,
-        max_docs=5,
-    )
+    async with serve(stub) as client:
+        result = await ingest.submit(
+            client,
+            "c",
+            [_corpus(tmp_path / "corpus.jsonl", ids)],
+            fake_detect,
+            WalkStats(),
+            max_in_flight=3,
+            max_docs=5,
+        )
     assert (result.submitted, result.queued, result.unchanged) == (52, 50, 2)
     assert sorted(result.queued_ids) == sorted(ids[:50])
     assert len(stub.requests) == 11
@@ -167,9 +170,10 @@ async def test_submit_batches_with_bounded_concurrency(tmp_path: Path) -> None:
 
 async def test_wait_reports_failed_documents(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ingest, "POLL_INTERVAL_S", 0.01)
-    statuses = await ingest.wait_indexed(FakeStub(), "c", ["ok1", "bad1"], timeout_s=5)  # type: ignore[arg-type]
+    async with serve(FakeStub()) as client:
+        statuses = await ingest.wait_indexed(client, "c", ["ok1", "bad1"], timeout_s=5)
     assert statuses is not None
-    failed = [s.doc_id for s in statuses if s.state == ingestion_pb2.DOCUMENT_STATE_FAILED]
+    failed = [s.doc_id for s in statuses if s.state == "failed"]
     assert failed == ["bad1"]
 
 
@@ -179,7 +183,8 @@ async def test_wait_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
             return ingestion_pb2.GetCollectionStatusResponse(processing=1)
 
     monkeypatch.setattr(ingest, "POLL_INTERVAL_S", 0.01)
-    assert await ingest.wait_indexed(NeverDone(), "c", ["x"], timeout_s=0.05) is None  # type: ignore[arg-type]
+    async with serve(NeverDone()) as client:
+        assert await ingest.wait_indexed(client, "c", ["x"], timeout_s=0.05) is None
 
 
 def test_grpc_errors_print_code_and_exit_non_zero(

@@ -12,6 +12,9 @@ import pytest
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli import documents, folder_sync, ingest
 from ragmesh_cli.documents import Skipped, WalkStats
+from ragmesh_client import DocumentSummary
+
+from .fake_ingestion import serve
 
 MD = ingestion_pb2.DOCUMENT_FORMAT_MARKDOWN
 OBSIDIAN = ingestion_pb2.DOCUMENT_FORMAT_OBSIDIAN_MARKDOWN
@@ -102,10 +105,8 @@ def test_a_vault_sends_obsidian_markdown_and_skips_dot_folders(tmp_path: Path) -
     assert docs[0].format == MD
 
 
-def summary(
-    doc_id: str, path: Path, sha: str = "", state: int = ingestion_pb2.DOCUMENT_STATE_INDEXED
-) -> ingestion_pb2.DocumentSummary:
-    return ingestion_pb2.DocumentSummary(
+def summary(doc_id: str, path: Path, sha: str = "", state: str = "indexed") -> DocumentSummary:
+    return DocumentSummary(
         doc_id=doc_id, state=state, source_uri=path.absolute().as_uri(), content_sha256=sha
     )
 
@@ -120,10 +121,15 @@ def test_stale_documents_are_only_those_of_the_folder_whose_files_are_gone(tmp_p
         summary("sub/gone too.md", root / "sub" / "gone too.md"),
         # Same relative id, another folder whose name extends this one's: never this sync's.
         summary("other.md", tmp_path / "docs-old" / "other.md"),
-        summary("leaving.md", root / "leaving.md", state=ingestion_pb2.DOCUMENT_STATE_DELETING),
+        summary("leaving.md", root / "leaving.md", state="deleting"),
         summary("now-empty.md", walked_but_skipped),
-        ingestion_pb2.DocumentSummary(doc_id="api.md", source_uri=""),
-        ingestion_pb2.DocumentSummary(doc_id="http.md", source_uri="https://example.com/docs/gone.md"),
+        DocumentSummary(doc_id="api.md", state="indexed", source_uri="", content_sha256=""),
+        DocumentSummary(
+            doc_id="http.md",
+            state="indexed",
+            source_uri="https://example.com/docs/gone.md",
+            content_sha256="",
+        ),
         # A file id this walk produced (renamed source, same doc id): kept.
         summary("renamed.md", root / "old-name.md"),
     ]
@@ -180,7 +186,8 @@ async def test_rejections_are_listed_and_decide_the_exit_code(
     write(root / "rej.md")
     write(root / "empty.md", "")
     stats = WalkStats()
-    result = await ingest.submit(RejectingStub(), "c", [root], fake_detect, stats)  # type: ignore[arg-type]
+    async with serve(RejectingStub()) as client:
+        result = await ingest.submit(client, "c", [root], fake_detect, stats)
     assert (result.queued, result.rejected) == (1, [("rej.md", "bad metadata")])
     ingest._print_summary("c", result, stats)
     out = capsys.readouterr().out
@@ -189,3 +196,19 @@ async def test_rejections_are_listed_and_decide_the_exit_code(
     assert ingest._exit_code(result, stats, ingest.FolderOptions(strict=True)) == 1
     nothing = ingest.IngestResult(submitted=1, rejected=[("rej.md", "bad metadata")])
     assert ingest._exit_code(nothing, WalkStats(), ingest.FolderOptions()) == 1
+
+
+def test_what_ingest_sends_through_the_client_is_the_walked_document(tmp_path: Path) -> None:
+    from ragmesh_client._convert import document_message
+
+    vault = tmp_path / "vault"
+    (vault / ".obsidian").mkdir(parents=True)
+    write(vault / "note.md", "# Note\n\n[[Other]] #tag")
+    write(tmp_path / "plain.txt", "text")
+    write(tmp_path / "paper.pdf", b"%PDF-1.4 fake")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"_id": "c1", "title": "T", "text": "body"}\n')
+    docs, _ = collect([vault, tmp_path / "plain.txt", tmp_path / "paper.pdf", corpus])
+    assert {d.format for d in docs} == {OBSIDIAN, PDF, ingestion_pb2.DOCUMENT_FORMAT_TEXT}
+    for doc in docs:
+        assert document_message(ingest.client_document(doc)) == doc

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from ragmesh.extractor.v1 import extractor_pb2
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.narrator.v1 import narrator_pb2
-from services.gateway.ask import GATE_REASON, OFF_TOPIC_REASON
+from services.gateway.answer.gate import GATE_REASON, OFF_TOPIC_REASON
 from services.gateway.tests.conftest import COLLECTION, NAME_OF, Gateway, running_gateway
 
 QUERY = "what is ZX-81?"

@@ -15,9 +15,8 @@ from grpc import aio
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.narrator.v1 import narrator_pb2
 from services.gateway import servicer
-from services.gateway.ask import DEGENERATE_QUOTE_CHARS, degenerate_output
+from services.gateway.answer.narrate import DEGENERATE_QUOTE_CHARS, NARRATOR, degenerate_output
 from services.gateway.degradations import DEGENERATE_OUTPUT
-from services.gateway.support import NARRATOR
 from services.gateway.tests import conftest
 from services.gateway.tests.conftest import COLLECTION, NARRATOR_DELTAS, running_gateway
 from services.narrator.narrate import Narrator

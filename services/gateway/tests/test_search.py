@@ -278,3 +278,26 @@ async def test_ask_searches_with_its_metadata_filter(gateway: Gateway) -> None:
     await gateway.stub.Ask(pb.AskRequest(collection=COLLECTION, query="why?", filter=wanted), timeout=10)
     for key in ("index-0", "bm25"):
         assert gateway.fakes.requests[key][-1].filter == wanted, key
+
+
+async def test_a_paragraph_long_query_is_searched_by_every_leg_and_reranked(gateway: Gateway) -> None:
+    # 5,000 characters: over the old 2,000 limit, well within the default 16,000.
+    query = ("What is a zx-81, and how did home computers of the early eighties store programs? " * 70)[:5000]
+    assert len(query) <= gateway.settings.gateway_max_query_chars
+    response = await search(gateway, query=query, rerank=True)
+    assert response.results and not response.degradations
+    assert response.searched_query == query
+    fakes = gateway.fakes
+    assert [list(embed.texts) for embed in fakes.requests["embedder"]] == [[query], [f"{query} rephrased"]]
+    assert fakes.requests["planner"][0].query == query
+    assert fakes.requests["bm25"][0].query == query
+    assert fakes.requests["reranker"][0].query == query
+
+
+async def test_a_query_over_the_limit_is_invalid_argument_before_any_downstream(gateway: Gateway) -> None:
+    limit = gateway.settings.gateway_max_query_chars
+    with pytest.raises(aio.AioRpcError) as caught:
+        await search(gateway, query="x" * (limit + 1))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == f"the query length in characters is {limit + 1}, the limit is {limit}"
+    assert not gateway.fakes.calls

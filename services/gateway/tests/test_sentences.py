@@ -1,21 +1,21 @@
-"""The sentence rules of an Ask (services/gateway/sentences.py, ask.py's pure helpers)."""
+"""The sentence rules of an Ask (services/gateway/answer/sentences.py, ask.py's pure helpers)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import replace
 
-from services.gateway.answer_text import bound_sources, quoted
-from services.gateway.sentences import (
+from services.gateway.answer.sentences import (
     Candidate,
     Scored,
     SelectionRules,
     SupportRules,
-    TopicalityFloor,
     candidates,
     select,
     support_candidates,
 )
+from services.gateway.answer.text import bound_sources, quoted
+from services.gateway.validation import TopicalityFloor
 
 RULES = SelectionRules(
     gate_min_score=1.0,

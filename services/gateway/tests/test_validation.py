@@ -105,3 +105,26 @@ def test_invalid_requests_are_invalid_argument(fields: dict[str, Any], fragment:
         validate_search(request(**fields), SETTINGS)
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert fragment in caught.value.message
+
+
+def test_a_paragraph_long_query_passes_and_a_bounded_limit_still_holds() -> None:
+    """The default limit (16,000 characters) takes a paragraph or a page; past it the query is
+    refused with the limit in the message, before any downstream sees it."""
+    defaults = GatewaySettings()
+    assert defaults.gateway_max_query_chars == 16_000
+    paragraph = ("How do retrieval systems rank documents for a long query? " * 100)[:5000]
+    assert validate_search(request(query=paragraph), defaults).query == paragraph
+    with pytest.raises(ServiceError) as caught:
+        validate_search(request(query="x" * 20_000), defaults)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.message == "the query length in characters is 20000, the limit is 16000"
+
+
+def test_every_leg_takes_the_longest_query_the_gateway_accepts() -> None:
+    from meshkit.settings import EmbedderSettings, PlannerSettings, RerankerSettings, SparseSettings
+
+    limit = GatewaySettings().gateway_max_query_chars
+    assert PlannerSettings().planner_max_query_chars >= limit
+    assert RerankerSettings().reranker_max_query_chars >= limit
+    assert SparseSettings().sparse_max_query_chars >= limit
+    assert EmbedderSettings().embedder_max_text_chars >= limit

@@ -276,8 +276,12 @@ async def fake_stores() -> AsyncIterator[Stores]:
 class Harness:
     """The ingestion API and workers of this process, on one real nats-server."""
 
-    def __init__(self, nats_url: str, stores: Stores, objects: FakeObjectStore) -> None:
+    def __init__(
+        self, nats_url: str, stores: Stores, objects: FakeObjectStore, data_dir: Path | None = None
+    ) -> None:
         self.nats_url = nats_url
+        # The API's status index lives here (one API at a time, as in a deployment).
+        self.data_dir = data_dir
         self.stores = stores
         self.objects = objects
         self.api: Any = None
@@ -293,6 +297,7 @@ class Harness:
             "index_addresses": self.stores.addresses["index"],
             "sparse_address": self.stores.addresses["sparse"],
             "client_timeout_s": 10.0,
+            **({"ingest_index_dir": self.data_dir / "api-index"} if self.data_dir else {}),
             **self.overrides,
             **overrides,
         }
@@ -397,11 +402,11 @@ class Harness:
 
 @pytest.fixture
 async def harness(
-    nats_url: str, fake_stores: Stores, monkeypatch: pytest.MonkeyPatch
+    nats_url: str, fake_stores: Stores, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> AsyncIterator[Harness]:
     objects = FakeObjectStore()
     monkeypatch.setattr(ObjectStore, "from_settings", classmethod(lambda cls, settings: objects))
-    running = Harness(nats_url, fake_stores, objects)
+    running = Harness(nats_url, fake_stores, objects, tmp_path)
     try:
         yield running
     finally:

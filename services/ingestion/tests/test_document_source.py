@@ -11,7 +11,7 @@ import pytest
 
 from meshkit.core.errors import ServiceError
 from ragmesh.ingestion.v1 import ingestion_pb2
-from services.ingestion import lifecycle, lifecycle_requests
+from services.ingestion.lifecycle import claims, requests
 
 from .conftest import MD, Harness
 from .write_helpers import INDEXED, doc
@@ -154,10 +154,11 @@ async def test_a_document_indexed_by_an_older_preparation_is_indexed_again(
     await harness.wait_state("c", "n.md", INDEXED)
     assert (await harness.submit("c", "n.md", doc("same"))).outcome == ingestion_pb2.SUBMIT_OUTCOME_UNCHANGED
     # A new release changes what the same bytes become.
-    # Both users of the version: the API's check (lifecycle_requests) and the worker's record.
-    newer = lifecycle_requests.PREPARATION_VERSION + 1
-    monkeypatch.setattr(lifecycle_requests, "PREPARATION_VERSION", newer)
-    monkeypatch.setattr(lifecycle, "PREPARATION_VERSION", newer)
+    # Both users of the version: the API's check (lifecycle.requests) and the worker's record
+    # (lifecycle.claims).
+    newer = requests.PREPARATION_VERSION + 1
+    monkeypatch.setattr(requests, "PREPARATION_VERSION", newer)
+    monkeypatch.setattr(claims, "PREPARATION_VERSION", newer)
     assert (await harness.submit("c", "n.md", doc("same"))).outcome == ingestion_pb2.SUBMIT_OUTCOME_QUEUED
     status = await harness.wait_state("c", "n.md", INDEXED)
     assert status.attempts >= 1

@@ -15,9 +15,19 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from meshkit.settings import IngestionSettings
 from services.ingestion.events import IngestEvent, new_request_id, object_key_for
-from services.ingestion.lifecycle import Lifecycle, open_buckets
-from services.ingestion.lifecycle_entries import DocRecord
-from services.ingestion.lifecycle_outcomes import (
+from services.ingestion.lifecycle.buckets import open_buckets
+from services.ingestion.lifecycle.entries import DocRecord
+from services.ingestion.lifecycle.machine import (
+    DELETING,
+    FAILED,
+    INDEXED,
+    PROCESSING,
+    QUEUED,
+    IllegalTransition,
+    check_transition,
+    transition_table,
+)
+from services.ingestion.lifecycle.outcomes import (
     Busy,
     Claim,
     ClaimLost,
@@ -30,17 +40,8 @@ from services.ingestion.lifecycle_outcomes import (
     Success,
     Superseded,
 )
-from services.ingestion.lifecycle_retry import Conflict
-from services.ingestion.lifecycle_states import (
-    DELETING,
-    FAILED,
-    INDEXED,
-    PROCESSING,
-    QUEUED,
-    IllegalTransition,
-    check_transition,
-    transition_table,
-)
+from services.ingestion.lifecycle.retry import Conflict
+from services.ingestion.lifecycle.store import Lifecycle
 from services.ingestion.reconciler import Reconciler
 from services.ingestion.topology import ensure_topology, publish_event
 

@@ -12,10 +12,10 @@ from typing import Any
 from meshkit.domain.collections import COLLECTIONS_BUCKET, CollectionRecord, EmbedderIdentity
 from ragmesh.ingestion.v1 import ingestion_pb2
 from services.ingestion.events import IngestEvent
-from services.ingestion.lifecycle_entries import DocStatus
-from services.ingestion.lifecycle_requests import PREPARATION_VERSION
-from services.ingestion.lifecycle_states import DELETED
-from services.ingestion.lifecycle_states import INDEXED as INDEXED_STATE
+from services.ingestion.lifecycle.entries import DocStatus
+from services.ingestion.lifecycle.machine import DELETED
+from services.ingestion.lifecycle.machine import INDEXED as INDEXED_STATE
+from services.ingestion.lifecycle.requests import PREPARATION_VERSION
 from services.ingestion.reindex import plan_build
 
 from .conftest import Harness

@@ -24,8 +24,8 @@ from ragmesh.ingestion.v1 import ingestion_pb2 as pb
 from services.ingestion.chunking import Chunker
 from services.ingestion.events import IngestEvent
 from services.ingestion.jobs import Job, JobFailure
-from services.ingestion.lifecycle_entries import DocStatus
-from services.ingestion.lifecycle_outcomes import Claim
+from services.ingestion.lifecycle.entries import DocStatus
+from services.ingestion.lifecycle.outcomes import Claim
 from services.ingestion.normalize import normalize
 from services.ingestion.pipeline import IngestPipeline
 from services.ingestion.sandbox import DocumentSandbox, PreparationFailed, PreparedDocument

@@ -1,46 +1,26 @@
-"""The asyncio client: the same methods as ``Client``, awaited."""
+"""The asyncio client: the same methods as ``Client`` (``_operations.py``), each step awaited."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.message import Message
 from grpc import aio
 
-from ragmesh_client._calls import (
-    GATEWAY,
-    Call,
-    CallBuilder,
-    OnRejected,
-    ReindexDriver,
-    finished,
-)
+from ragmesh_client._calls import Call
+from ragmesh_client._operations import Operations
+from ragmesh_client._steps import Awaiting, Emit, Items, Sleep, Step, Stepper, Steps, Stream
 from ragmesh_client.config import ClientConfig, new_request_id
-from ragmesh_client.errors import RagmeshError, from_rpc_error
-from ragmesh_client.types import (
-    Answer,
-    AskEvent,
-    CollectionStatus,
-    DeadLetterPage,
-    Document,
-    DocumentStatus,
-    DocumentSummary,
-    IngestResult,
-    ReindexProgress,
-    ReplayResult,
-    SearchResponse,
-)
+from ragmesh_client.errors import from_rpc_error
 
 T = TypeVar("T")
+Y = TypeVar("Y")
 
 
-class AsyncClient(CallBuilder):
+class AsyncClient(Operations, Awaiting):
     """An asyncio client of the gateway and the ingestion API (see ``Client`` for the options).
     Its channels open on first use, in the running event loop; ``await close()`` (or
     ``async with``) releases them."""
@@ -64,6 +44,8 @@ class AsyncClient(CallBuilder):
             )
         return self._channels[service]
 
+    # ------------------------------------------------------------------ running the steps
+
     async def _run(self, call: Call[T]) -> T:
         request_id = new_request_id()
         method = getattr(self._stub(call.service, self._channel(call.service)), call.method)
@@ -75,180 +57,51 @@ class AsyncClient(CallBuilder):
             raise from_rpc_error(exc, request_id) from None
         return call.read(reply, request_id)
 
-    # ------------------------------------------------------------------ gateway
-
-    async def search(
-        self,
-        collection: str,
-        query: str,
-        *,
-        timeout: float | None = None,
-        allow_degraded: bool = True,
-        request: Message | None = None,
-        **options: Any,
-    ) -> SearchResponse:
-        return await self._run(self._search(collection, query, timeout, allow_degraded, request, options))
-
-    async def ask(
-        self,
-        collection: str,
-        query: str,
-        *,
-        timeout: float | None = None,
-        allow_degraded: bool = True,
-        request: Message | None = None,
-        **options: Any,
-    ) -> Answer:
-        return await self._run(self._ask(collection, query, timeout, allow_degraded, request, options))
-
-    async def ask_stream(
-        self,
-        collection: str,
-        query: str,
-        *,
-        timeout: float | None = None,
-        request: Message | None = None,
-        **options: Any,
-    ) -> AsyncIterator[AskEvent]:
-        """Progress per stage, the text as it is written (AskDelta), then the verified Answer."""
-        call = self._ask_stream(collection, query, timeout, request, options)
+    async def _stream(self, call: Call[Y | None]) -> AsyncIterator[Y]:
         request_id = new_request_id()
-        stub = self._stub(GATEWAY, self._channel(GATEWAY))
+        method = getattr(self._stub(call.service, self._channel(call.service)), call.method)
         try:
-            async for message in stub.AskStream(
+            async for message in method(
                 call.request, timeout=call.timeout, metadata=self.config.metadata(request_id)
             ):
-                event = call.read(message, request_id)
-                if event is not None:
-                    yield event
+                item = call.read(message, request_id)
+                if item is not None:
+                    yield item
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, request_id) from None
 
-    # ------------------------------------------------------------------ ingestion
+    async def _step(self, step: Step) -> Any:
+        if isinstance(step, Sleep):
+            await asyncio.sleep(step.seconds)
+            return None
+        return await self._run(step)
 
-    async def ingest(
-        self,
-        collection: str,
-        documents: Iterable[Document],
-        *,
-        timeout: float | None = None,
-        on_rejected: OnRejected = "report",
-    ) -> IngestResult:
-        return await self._run(self._ingest(collection, documents, timeout, on_rejected))
-
-    async def ingest_files(
-        self,
-        collection: str,
-        paths: Iterable[str | Path],
-        *,
-        metadata: dict[str, str] | None = None,
-        timeout: float | None = None,
-        on_rejected: OnRejected = "report",
-    ) -> IngestResult:
-        return await self.ingest(
-            collection, self._files(paths, metadata), timeout=timeout, on_rejected=on_rejected
-        )
-
-    async def document_status(
-        self, collection: str, doc_ids: Sequence[str], *, timeout: float | None = None
-    ) -> tuple[DocumentStatus, ...]:
-        return await self._run(self._document_status(collection, doc_ids, timeout))
-
-    async def wait_indexed(
-        self, collection: str, doc_ids: Sequence[str], *, timeout: float = 300.0, poll_s: float = 0.5
-    ) -> tuple[DocumentStatus, ...]:
-        deadline = time.monotonic() + timeout
-        while True:
-            statuses = await self.document_status(collection, doc_ids)
-            if finished(statuses):
-                return statuses
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"documents not indexed within {timeout:.0f}s")
-            await asyncio.sleep(poll_s)
-
-    async def collection_status(self, collection: str, *, timeout: float | None = None) -> CollectionStatus:
-        return await self._run(self._collection_status(collection, timeout))
-
-    async def list_collections(self, *, timeout: float | None = None) -> tuple[str, ...]:
-        return await self._run(self._list_collections(timeout))
-
-    async def delete(self, collection: str, doc_ids: Sequence[str], *, timeout: float | None = None) -> int:
-        return await self._run(self._delete(collection, doc_ids, timeout))
-
-    async def list_documents(
-        self,
-        collection: str,
-        *,
-        source_prefix: str = "",
-        page_size: int = 1000,
-        timeout: float | None = None,
-    ) -> AsyncIterator[DocumentSummary]:
-        """Every document of the collection (not deleted ones; only those whose source_uri starts
-        with ``source_prefix`` when given) in doc id order, a page of ``page_size`` per call;
-        ``timeout`` is each page's deadline."""
-        after = ""
-        while True:
-            page, after = await self._run(
-                self._list_documents(collection, source_prefix, page_size, after, timeout)
-            )
-            for summary in page:
-                yield summary
-            if not after:
-                return
-
-    async def reindex_step(
-        self, collection: str, *, start: bool = False, timeout: float | None = None
-    ) -> ReindexProgress:
-        """Advance the collection's reindex by one bounded step (``start``: begin one when none
-        is in progress) and report where it stands. Idempotent: retried like a read."""
-        return await self._run(self._reindex_step(collection, start, timeout))
-
-    async def reindex(
-        self,
-        collection: str,
-        *,
-        on_progress: Callable[[ReindexProgress], None] | None = None,
-        interval_s: float = 2.0,
-        timeout: float | None = None,
-        step_timeout: float = 60.0,
-        step_retry_s: float = 120.0,
-    ) -> ReindexProgress:
-        """Start (or resume) the collection's reindex and step it until done, calling
-        ``on_progress`` after every step; returns the last (done) progress. TimeoutError after
-        ``timeout`` seconds (None: never); the reindex stays where it is, and calling again
-        resumes it. A step failing on the way (UNAVAILABLE, DEADLINE_EXCEEDED) is tried again
-        for up to ``step_retry_s``."""
-        driver = ReindexDriver(on_progress, interval_s, timeout, step_retry_s)
-        while True:
+    async def _complete(self, steps: Steps[T]) -> T:
+        walk = Stepper(steps)
+        while (step := walk.next()) is not None:
             try:
-                progress = await self.reindex_step(collection, start=driver.start, timeout=step_timeout)
-            except RagmeshError as exc:
-                await asyncio.sleep(driver.failed(exc))
-                continue
-            pause = driver.answered(progress)
-            if pause is None:
-                return progress
-            await asyncio.sleep(pause)
+                walk.reply(await self._step(step))
+            except Exception as exc:
+                walk.fail(exc)
+        return walk.result
 
-    async def dead_letters(
-        self,
-        collection: str = "",
-        *,
-        limit: int = 1000,
-        after_sequence: int = 0,
-        timeout: float | None = None,
-    ) -> DeadLetterPage:
-        return await self._run(self._dead_letters(collection, limit, after_sequence, timeout))
-
-    async def replay_dead_letters(
-        self,
-        collection: str = "",
-        *,
-        sequences: Sequence[int] = (),
-        after_sequence: int = 0,
-        timeout: float | None = None,
-    ) -> ReplayResult:
-        return await self._run(self._replay(collection, sequences, after_sequence, timeout))
+    async def _iterate(self, items: Items[Y]) -> AsyncIterator[Y]:
+        walk = Stepper(items)
+        try:
+            while (step := walk.next()) is not None:
+                if isinstance(step, Emit):
+                    yield step.item
+                    continue
+                try:
+                    if isinstance(step, Stream):
+                        async for item in self._stream(step.call):
+                            yield item
+                    else:
+                        walk.reply(await self._step(step))
+                except Exception as exc:
+                    walk.fail(exc)
+        finally:
+            walk.close()
 
     # ------------------------------------------------------------------ lifecycle
 

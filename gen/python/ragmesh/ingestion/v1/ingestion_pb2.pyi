@@ -196,16 +196,20 @@ class ListCollectionsResponse(_message.Message):
     def __init__(self, collections: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListDocumentsRequest(_message.Message):
-    __slots__ = ("collection", "source_uri_prefix", "limit", "after_doc_id")
+    __slots__ = ("collection", "source_uri_prefix", "limit", "after_doc_id", "by_source_uri", "after_source_uri")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_URI_PREFIX_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     AFTER_DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    BY_SOURCE_URI_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SOURCE_URI_FIELD_NUMBER: _ClassVar[int]
     collection: str
     source_uri_prefix: str
     limit: int
     after_doc_id: str
-    def __init__(self, collection: _Optional[str] = ..., source_uri_prefix: _Optional[str] = ..., limit: _Optional[int] = ..., after_doc_id: _Optional[str] = ...) -> None: ...
+    by_source_uri: bool
+    after_source_uri: str
+    def __init__(self, collection: _Optional[str] = ..., source_uri_prefix: _Optional[str] = ..., limit: _Optional[int] = ..., after_doc_id: _Optional[str] = ..., by_source_uri: _Optional[bool] = ..., after_source_uri: _Optional[str] = ...) -> None: ...
 
 class DocumentSummary(_message.Message):
     __slots__ = ("doc_id", "state", "source_uri", "content_sha256")
@@ -220,12 +224,14 @@ class DocumentSummary(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., state: _Optional[_Union[DocumentState, str]] = ..., source_uri: _Optional[str] = ..., content_sha256: _Optional[str] = ...) -> None: ...
 
 class ListDocumentsResponse(_message.Message):
-    __slots__ = ("documents", "next_after_doc_id")
+    __slots__ = ("documents", "next_after_doc_id", "next_after_source_uri")
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_AFTER_DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_SOURCE_URI_FIELD_NUMBER: _ClassVar[int]
     documents: _containers.RepeatedCompositeFieldContainer[DocumentSummary]
     next_after_doc_id: str
-    def __init__(self, documents: _Optional[_Iterable[_Union[DocumentSummary, _Mapping]]] = ..., next_after_doc_id: _Optional[str] = ...) -> None: ...
+    next_after_source_uri: str
+    def __init__(self, documents: _Optional[_Iterable[_Union[DocumentSummary, _Mapping]]] = ..., next_after_doc_id: _Optional[str] = ..., next_after_source_uri: _Optional[str] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
     __slots__ = ("sequence", "collection", "doc_id", "reason", "attempts", "failed_at")

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from services.ingestion.events import IngestEvent, MalformedEvent
-from services.ingestion.lifecycle_states import DELETING, QUEUED
+from services.ingestion.lifecycle.machine import DELETING, QUEUED, State
 
-# The lifecycle's logger: these entries were split out of it, its log lines keep their name.
+# The lifecycle's logger (the package's name): its log lines kept their name through the moves.
 log = logging.getLogger("services.ingestion.lifecycle")
 
 
@@ -103,6 +103,32 @@ class Versioned:
     revision: int
 
 
+# How DocStatus.to_bytes begins, and where its state sits: collection and doc id come first
+# and, being JSON strings, cannot hold these unescaped quotes.
+_ENTRY_HEAD = b'{"collection":'
+_STATE_FIELD = b',"state":"'
+_REQUEST_FIELD = b'"request":'
+
+
+def entry_state(data: bytes) -> str:
+    """The state a status entry's JSON records, read without decoding the entry when it was
+    written by ``DocStatus.to_bytes`` (the state precedes the request and its metadata); any
+    other JSON is decoded. Raises ValueError when the entry is no status."""
+    if data.startswith(_ENTRY_HEAD):
+        at = data.find(_STATE_FIELD)
+        request = data.find(_REQUEST_FIELD)
+        if at > 0 and (request == -1 or at < request):
+            start = at + len(_STATE_FIELD)
+            end = data.find(b'"', start)
+            if end > start:
+                return data[start:end].decode()
+    raw = json.loads(data)
+    state = raw.get("state") if isinstance(raw, dict) else None
+    if not isinstance(state, str):
+        raise ValueError("a status entry records its state")
+    return state
+
+
 def is_current(status: DocStatus, event: IngestEvent) -> bool:
     """Whether ``event`` is the document's current request."""
     if event.request_id:
@@ -111,6 +137,6 @@ def is_current(status: DocStatus, event: IngestEvent) -> bool:
     return not status.request_id and status.target_sha256 == event.target
 
 
-def waiting_state(request: IngestEvent | None) -> str:
+def waiting_state(request: IngestEvent | None) -> State:
     """The state of a document whose request waits for a worker."""
     return DELETING if request is not None and request.op == "delete" else QUEUED

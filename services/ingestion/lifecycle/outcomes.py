@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from services.ingestion.events import IngestEvent
-from services.ingestion.lifecycle_entries import DocStatus
+from services.ingestion.lifecycle.entries import DocStatus
 
 
 class ClaimLost(Exception):

@@ -1,4 +1,4 @@
-"""Evidence at sentence level, judged by the cross-encoder (pure rules; ask.py makes the calls).
+"""Evidence at sentence level, judged by the cross-encoder (pure rules; judge.py makes the calls).
 
 An answer is only as good as the sentences it states, and the bi-encoder that used to pick them
 scores topic, not evidence. The reranker tier's cross-encoder was trained to score a claim
@@ -174,29 +174,6 @@ def unknown_share(query: str, terms: Sequence[str]) -> float:
     document of the collection holds: its unknown_terms, or their novel_terms)."""
     words = content_words(query)
     return len(words & {t.lower() for t in terms}) / len(words) if words else 0.0
-
-
-@dataclass(frozen=True)
-class TopicalityFloor:
-    """The gate's topicality floor as configured: ``min_similarity`` (-1: off) for questions
-    embedded by one of ``models`` ("*": any). Cosines are one embedder's scale, so a floor
-    calibrated for one model says nothing of another's: it is then not applied."""
-
-    min_similarity: float
-    models: frozenset[str]
-
-    @classmethod
-    def parse(cls, min_similarity: float, models: str) -> TopicalityFloor:
-        return cls(min_similarity, frozenset(m.strip() for m in models.split(",") if m.strip()))
-
-    def similarity(self, best: float | None, model: str) -> float | None:
-        """``best`` (the dense leg's best cosine) when the floor holds for ``model``; else None."""
-        return best if "*" in self.models or model in self.models else None
-
-    def refuses(self, best: float | None, model: str) -> bool:
-        """Whether a question this near the collection, embedded by ``model``, is off topic."""
-        calibrated = self.similarity(best, model)
-        return calibrated is not None and calibrated < self.min_similarity
 
 
 def is_off_topic(similarity: float | None, rules: SelectionRules) -> bool:

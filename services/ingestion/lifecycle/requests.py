@@ -1,7 +1,8 @@
-"""What the API's side of the lifecycle answers: whether a submission or delete needs a new
-request at all (``unneeded``: unchanged, pending, absent; ``PREPARATION_VERSION`` decides when
-indexed bytes must be prepared again) and what recording or replaying a request did
-(``Requested``, ``Replayed``).
+"""The API's side of the lifecycle: whether a submission or delete needs a new request at all
+(``unneeded``: unchanged, pending, absent; ``PREPARATION_VERSION`` decides when indexed bytes
+must be prepared again), the decisions that record a request or replay a dead letter
+(``request_decision``, ``replay_decision``: which transition, with what entry) and what they
+did (``Requested``, ``Replayed``).
 """
 
 from __future__ import annotations
@@ -10,8 +11,17 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from services.ingestion.events import DELETE_TARGET, IngestEvent
-from services.ingestion.lifecycle_entries import DocStatus
-from services.ingestion.lifecycle_states import DELETED, INDEXED, PENDING_STATES, PROCESSING, QUEUED
+from services.ingestion.lifecycle.buckets import Decide, Decision, Keep, Write
+from services.ingestion.lifecycle.entries import DocStatus, is_current, waiting_state
+from services.ingestion.lifecycle.machine import (
+    DELETED,
+    FAILED,
+    INDEXED,
+    PENDING_STATES,
+    PROCESSING,
+    QUEUED,
+    Event,
+)
 
 UNCHANGED: Final = "unchanged"
 # What a document's bytes become (normalisation, chunking) has this version. Bump it with any
@@ -83,3 +93,53 @@ class Replayed:
     event: IngestEvent | None = None
     revision: int = 0
     status: DocStatus | None = None
+
+
+def request_decision(event: IngestEvent) -> Decide:
+    """Record ``event`` as the document's current request, unless ``unneeded`` says why not.
+    A document a worker holds keeps its claim: only the request changes."""
+
+    def decide(current: DocStatus | None, revision: int, now: float) -> Decision:
+        needless = unneeded(current, event)
+        if needless is not None:
+            return Keep(needless)
+        base = current or DocStatus(event.collection, event.doc_id, waiting_state(event))
+        claimed = base.state == PROCESSING
+        updated = base.with_changes(
+            state=PROCESSING if claimed else waiting_state(event),
+            request=event,
+            target_sha256=event.target,
+            reason="",
+            attempts=0,
+            charged=0,
+            transient_since=0.0,
+            retries=0,
+        )
+        if claimed:
+            return Write(updated, REQUESTED, Event.REQUEST_WHILE_CLAIMED)
+        return Write(updated, REQUESTED, Event.DELETE if event.op == "delete" else Event.SUBMIT)
+
+    return decide
+
+
+def replay_decision(letter: IngestEvent, requeued: IngestEvent) -> Decide:
+    """Requeue the dead letter ``letter`` as the new request ``requeued`` if it is still the
+    document's current request and the document is FAILED; else it is superseded."""
+
+    def decide(current: DocStatus | None, revision: int, now: float) -> Decision:
+        if current is None or current.state != FAILED or not is_current(current, letter):
+            return Keep(Replayed("superseded"))
+        updated = current.with_changes(
+            state=waiting_state(requeued),
+            request=requeued,
+            target_sha256=requeued.target,
+            reason="",
+            attempts=0,
+            charged=0,
+            transient_since=0.0,
+            retries=0,
+        )
+        event = Event.REPLAY_DELETE if requeued.op == "delete" else Event.REPLAY
+        return Write(updated, Replayed(REQUEUED, requeued), event)
+
+    return decide

@@ -15,8 +15,8 @@ from meshkit.text.extractive import best_facts
 from ragmesh.extractor.v1 import extractor_pb2
 from ragmesh.narrator.v1 import narrator_pb2
 from ragmesh.sparse.v1 import sparse_pb2
+from services.gateway.answer.sentences import Scored
 from services.gateway.fusion import Fused
-from services.gateway.sentences import Scored
 
 # Facts an answer states when the gateway has to write it itself (the narrator is down).
 LOCAL_ANSWER_FACTS = 3

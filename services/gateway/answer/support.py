@@ -14,7 +14,10 @@ from meshkit.rpc.client import DownstreamError
 from meshkit.settings import GatewaySettings
 from ragmesh.extractor.v1 import extractor_pb2
 from ragmesh.narrator.v1 import narrator_pb2
-from services.gateway.answer_text import (
+from services.gateway.answer.judge import SentenceJudge, unchecked
+from services.gateway.answer.narrate import NARRATOR
+from services.gateway.answer.sentences import Selection, SupportRules
+from services.gateway.answer.text import (
     KEEP_NONE,
     Evidence,
     bound_sources,
@@ -26,23 +29,11 @@ from services.gateway.answer_text import (
     stated_answer,
     with_sentences,
 )
-from services.gateway.degradations import ERROR, INVALID_OUTPUT, REASON_OF, Degradation
-from services.gateway.judge import SentenceJudge
-from services.gateway.rerank import RERANKER
-from services.gateway.sentences import Selection, SupportRules
+from services.gateway.degradations import INVALID_OUTPUT, Degradation
 
-NARRATOR = "narrator"
 UNSUPPORTED = "unsupported"
-
-
-def unchecked(exc: DownstreamError) -> Degradation:
-    """The cross-encoder could not judge sentences: the answer rests on the lexical checks."""
-    return Degradation(
-        RERANKER,
-        REASON_OF.get(exc.reason, ERROR),
-        exc.target,
-        f"sentences checked lexically only: {exc.target}: {exc.reason}: {exc.message}",
-    )
+# Per sentence checked: the citation numbers it keeps and its support score (no numbers: dropped).
+Verdict = tuple[list[int], float]
 
 
 def _cites_strongest(sentences: Sequence[narrator_pb2.Sentence], selection: Selection) -> bool:
@@ -51,6 +42,51 @@ def _cites_strongest(sentences: Sequence[narrator_pb2.Sentence], selection: Sele
     less often than the extractive answer does."""
     strongest = {item.passage + 1 for item in selection.answer}
     return not strongest or any(n in strongest for s in sentences for n in s.sources)
+
+
+def supported_sentences(
+    answer: narrator_pb2.Answer, verdicts: dict[int, Verdict]
+) -> list[narrator_pb2.Sentence]:
+    """The answer's sentences as the check left them (``verdicts`` by ``id`` of the sentences
+    judged; the others, quotes, stand as they are): each judged one with the citations that
+    support it and its score, recited when they changed; those without any are listed among
+    the answer's rejected, as unsupported."""
+    kept: list[narrator_pb2.Sentence] = []
+    for sentence in answer.sentences:
+        if id(sentence) not in verdicts:
+            kept.append(sentence)
+            continue
+        sources, score = verdicts[id(sentence)]
+        if not sources:
+            answer.rejected.append(narrator_pb2.Rejected(text=sentence.text, reason=UNSUPPORTED))
+            continue
+        text = sentence.text if list(sentence.sources) == sources else recited(sentence.text, sources)
+        kept.append(
+            narrator_pb2.Sentence(
+                text=text,
+                sources=sources,
+                support_score=score,
+                support_check=narrator_pb2.SUPPORT_CHECK_CROSS_ENCODER,
+            )
+        )
+    return kept
+
+
+def judged_answer(
+    answer: narrator_pb2.Answer,
+    request: narrator_pb2.NarrateRequest,
+    evidence: list[Evidence],
+    selection: Selection,
+    degraded_reason: str,
+) -> narrator_pb2.Answer:
+    """The judged extractive answer; what the narrator wrote and the check rejected stays
+    listed."""
+    stated = narrator_facts(selection_facts(selection.answer, evidence), evidence)
+    fallback = stated_answer(stated, list(request.sources))
+    mark_quotes(fallback, [item.chunk.text for item in evidence])
+    fallback.rejected.extend(answer.rejected)
+    fallback.degraded_reason = degraded_reason
+    return fallback
 
 
 class SupportCheck:
@@ -113,44 +149,17 @@ class SupportCheck:
             # The LLM failed and the narrator (or the gateway for it) stated the extractor's
             # facts; the judged sentences make the better extractive answer. The failure is
             # already a degradation.
-            return self._judged_answer(answer, request, evidence, selection, answer.degraded_reason)
+            return judged_answer(answer, request, evidence, selection, answer.degraded_reason)
         texts = [item.chunk.text for item in evidence]
         pending = mark_quotes(answer, texts)
         if not pending:
             return self._unless_off_strongest(answer, request, evidence, selection, degradations)
-        rules = self.rules()
         try:
-            scores = await asyncio.gather(
-                *(
-                    self.judge.support(s.text, texts, rules, preferred=[n - 1 for n in s.sources])
-                    for s in pending
-                )
-            )
+            verdicts = await self._verdicts(pending, texts)
         except DownstreamError as exc:
             degradations.append(unchecked(exc))
             return answer
-        verdict = {
-            id(s): bound_sources(list(s.sources), score, rules.min_score)
-            for s, score in zip(pending, scores, strict=True)
-        }
-        kept: list[narrator_pb2.Sentence] = []
-        for sentence in answer.sentences:
-            if id(sentence) not in verdict:
-                kept.append(sentence)
-                continue
-            sources, score = verdict[id(sentence)]
-            if not sources:
-                answer.rejected.append(narrator_pb2.Rejected(text=sentence.text, reason=UNSUPPORTED))
-                continue
-            text = sentence.text if list(sentence.sources) == sources else recited(sentence.text, sources)
-            kept.append(
-                narrator_pb2.Sentence(
-                    text=text,
-                    sources=sources,
-                    support_score=score,
-                    support_check=narrator_pb2.SUPPORT_CHECK_CROSS_ENCODER,
-                )
-            )
+        kept = supported_sentences(answer, verdicts)
         if not kept:
             return self._judged_instead(
                 answer,
@@ -163,6 +172,18 @@ class SupportCheck:
             )
         checked = with_sentences(answer, kept, list(request.sources))
         return self._unless_off_strongest(checked, request, evidence, selection, degradations)
+
+    async def _verdicts(self, pending: list[narrator_pb2.Sentence], texts: list[str]) -> dict[int, Verdict]:
+        """Each pending sentence's verdict (by ``id``), its cited passages scored first; all in
+        flight together, so the reranker batches them."""
+        rules = self.rules()
+        scores = await asyncio.gather(
+            *(self.judge.support(s.text, texts, rules, preferred=[n - 1 for n in s.sources]) for s in pending)
+        )
+        return {
+            id(s): bound_sources(list(s.sources), score, rules.min_score)
+            for s, score in zip(pending, scores, strict=True)
+        }
 
     def _unless_off_strongest(
         self,
@@ -203,21 +224,4 @@ class SupportCheck:
         """The judged extractive answer in place of the narrator's, with a degradation saying
         why."""
         degradations.append(Degradation(NARRATOR, INVALID_OUTPUT, self.narrator_target, detail))
-        return self._judged_answer(answer, request, evidence, selection, f"invalid_output: {reason}")
-
-    @staticmethod
-    def _judged_answer(
-        answer: narrator_pb2.Answer,
-        request: narrator_pb2.NarrateRequest,
-        evidence: list[Evidence],
-        selection: Selection,
-        degraded_reason: str,
-    ) -> narrator_pb2.Answer:
-        """The judged extractive answer; what the narrator wrote and the check rejected stays
-        listed."""
-        stated = narrator_facts(selection_facts(selection.answer, evidence), evidence)
-        fallback = stated_answer(stated, list(request.sources))
-        mark_quotes(fallback, [item.chunk.text for item in evidence])
-        fallback.rejected.extend(answer.rejected)
-        fallback.degraded_reason = degraded_reason
-        return fallback
+        return judged_answer(answer, request, evidence, selection, f"invalid_output: {reason}")

@@ -6,8 +6,8 @@ narrator see only facts and snippets), and a Rerank call is already a batch of p
 claim. The support check's pairs have one claim per answer sentence, so it sends one call per
 sentence, concurrently: the reranker's micro-batcher runs them as one model batch.
 
-Everything here raises DownstreamError when the reranker fails; ask.py turns that into the
-lexical-only path and a ``reranker`` degradation.
+Everything here raises DownstreamError when the reranker fails; the gate and the support check
+turn that into the lexical-only path and a ``reranker`` degradation (``unchecked``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from meshkit.rpc.client import Downstream, DownstreamError
 from meshkit.rpc.interceptors import deadline_var
 from meshkit.text.answering import strip_citations
 from ragmesh.reranker.v1 import reranker_pb2, reranker_pb2_grpc
-from services.gateway.sentences import (
+from services.gateway.answer.sentences import (
     Candidate,
     Scored,
     Selection,
@@ -31,9 +31,21 @@ from services.gateway.sentences import (
     select,
     support_candidates,
 )
+from services.gateway.degradations import ERROR, REASON_OF, Degradation
+from services.gateway.rerank import RERANKER
 
 # Every pair comes back: the judge wants each score, not the reranker's threshold.
 KEEP_ALL = -1.0e30
+
+
+def unchecked(exc: DownstreamError) -> Degradation:
+    """The cross-encoder could not judge sentences: the answer rests on the lexical checks."""
+    return Degradation(
+        RERANKER,
+        REASON_OF.get(exc.reason, ERROR),
+        exc.target,
+        f"sentences checked lexically only: {exc.target}: {exc.reason}: {exc.message}",
+    )
 
 
 class SentenceJudge:
