@@ -17,7 +17,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup proto proto-check lint fmt typecheck buf-check breaking check test test-unit test-integration \
         up down status demo bench clean lock reranker-model deploy-check chaos gpu-check peer-bench \
-        rules-check
+        rules-check size-bench
 
 setup: $(STAMP)
 
@@ -159,6 +159,17 @@ peer-bench: setup
 	$(PY) -m pip install --quiet -c requirements.lock -r .cache/bench-extra.txt
 	$(PY) -m bench.peer_bench --dataset $(SCIFACT) $(if $(GATEWAY),--gateway $(GATEWAY)) \
 		--collection $(PEER_COLLECTION) --json $(PEER_BENCH_ARGS)
+
+# Cost against corpus size (docs/SCALE.md): its own stack, one synthetic collection filled to each of
+# SIZES in turn, one JSON line per size. Installs the pyproject `scale` extra (matplotlib, for the
+# plots of --write-doc) as peer-bench installs `bench`: the lock as constraints, never in the image.
+SIZES ?= 10000,100000,1000000
+SIZE_BENCH_ARGS ?= --json --write-doc
+size-bench: setup
+	@mkdir -p .cache
+	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["scale"]))' > .cache/scale-extra.txt
+	$(PY) -m pip install --quiet -c requirements.lock -r .cache/scale-extra.txt
+	$(PY) -m bench.size_bench --sizes $(SIZES) $(SIZE_BENCH_ARGS)
 
 # The GPU tiers in one command (under 8 minutes on a machine with an NVIDIA GPU): onnxruntime-gpu and
 # vLLM in their own venvs under .cache/gpu-venv/, the embedder and reranker on CUDA next to the CPU,

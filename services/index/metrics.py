@@ -1,4 +1,5 @@
-"""Prometheus metrics of the index service's own work (the RPC totals come from meshkit)."""
+"""Prometheus metrics of the index service's own work (the RPC totals come from meshkit): vectors,
+searches, the WAL, checkpoints and uploads, segments, seals and compactions."""
 
 from __future__ import annotations
 
@@ -29,3 +30,35 @@ SNAPSHOT_SECONDS = Histogram(
 )
 UPLOADS = Counter("ragmesh_index_snapshot_uploads_total", "Snapshot uploads by result.", ["result"])
 REBUILDS = Counter("ragmesh_index_rebuilds_total", "Index rebuilds by target index type.", ["index_type"])
+SEGMENTS = Gauge(
+    "ragmesh_index_segments",
+    "Segments of a collection by state (growing, frozen, sealed).",
+    ["collection", "state"],
+)
+SEALED_ROWS = Gauge(
+    "ragmesh_index_sealed_rows", "Rows in sealed segments (deleted ones included).", ["collection"]
+)
+DELETED_SHARE = Gauge(
+    "ragmesh_index_deleted_share",
+    "Share of stored rows that are deleted (until compaction drops them).",
+    ["collection"],
+)
+SEALS = Counter("ragmesh_index_seals_total", "Growing segments sealed with their own index.", ["index_type"])
+COMPACTIONS = Counter(
+    "ragmesh_index_compactions_total", "Compactions of sealed segments by result.", ["result"]
+)
+INDEX_BUILD_SECONDS = Histogram(
+    "ragmesh_index_segment_build_seconds",
+    "Time to write a sealed segment's files and build its index, by job (seal, compaction).",
+    ["job"],
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+CHECKPOINT_BYTES = Counter(
+    "ragmesh_index_checkpoint_bytes_total",
+    "Bytes written by checkpoints (what changed, not the whole shard).",
+)
+CHECKPOINT_SIZE = Histogram(
+    "ragmesh_index_checkpoint_size_bytes",
+    "Bytes one checkpoint wrote.",
+    buckets=(1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9),
+)

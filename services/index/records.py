@@ -1,6 +1,7 @@
-"""The values a collection index takes and gives back: its policy (dimension, index type, ANN
-parameters), search hits, stored chunks, write and listing results, statistics and snapshot
-outcomes, the on-disk identity file, and how a chunk id maps to its FAISS id."""
+"""The values a collection index takes and gives back: its policy (dimension, index type by
+segment size, segment and compaction sizes, ANN parameters), search hits, stored chunks,
+statistics and checkpoint outcomes, the on-disk identity file, and how a chunk id maps to its
+60-bit FAISS id."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ IndexType = Literal["auto", "flat", "ivf", "hnsw"]
 IDENTITY_FILE = "collection.json"
 # Hex chars of a chunk id that make its FAISS id: 60 bits, so it is always a positive int64.
 _FAISS_ID_HEX = 15
+# Explicit 'ivf' keeps segments smaller than this exact: k-means on a handful of rows is noise.
+MIN_IVF_ROWS = 1000
 
 
 def faiss_id(chunk_id: str) -> int:
@@ -46,9 +49,17 @@ def check_identity(directory: Path, identity: dict[str, object]) -> None:
 
 @dataclass(frozen=True)
 class IndexPolicy:
+    """How a collection lays out and searches its segments (meshkit.settings.IndexSettings
+    documents each field as ``index_<field>``)."""
+
     dimension: int
     index_type: IndexType = "auto"
     ann_threshold: int = 50_000
+    segment_rows: int = 50_000
+    segment_max_rows: int = 400_000
+    compact_deleted_ratio: float = 0.2
+    compact_max_segments: int = 16
+    recall_target: float = 0.95
     ivf_nprobe: int = 16
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
@@ -56,6 +67,17 @@ class IndexPolicy:
 
     def backend_config(self) -> BackendConfig:
         return BackendConfig(self.dimension, self.ivf_nprobe, self.hnsw_m, self.hnsw_ef_search)
+
+    def kind_for(self, rows: int) -> str:
+        """The index a sealed segment of ``rows`` rows gets: auto picks HNSW below
+        ``ann_threshold`` (nothing to train, good recall on few rows) and IVF-Flat above (trains
+        well there, 8 bytes per row beyond the vector); explicit 'ivf' stays exact on tiny
+        segments, where k-means is noise."""
+        if self.index_type == "auto":
+            return "hnsw" if rows < self.ann_threshold else "ivf"
+        if self.index_type == "ivf" and rows < MIN_IVF_ROWS:
+            return "flat"
+        return self.index_type
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,10 @@ class CollectionStats:
     sequence: int
     snapshot_sequence: int
     log_position: int = 0
+    # Segments (growing included), rows of the sealed ones, and rows deleted but still stored.
+    segments: int = 1
+    sealed_rows: int = 0
+    deleted_rows: int = 0
 
     @property
     def pending_wal_records(self) -> int:

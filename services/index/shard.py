@@ -1,6 +1,6 @@
 """This process's replica of one index shard: its collections, fed by the shard's replicated
 log (start-up, positions, quarantine and restores are meshkit.replication.store's), and their
-background work (snapshots, uploads, rebuilds).
+background work (checkpoints, uploads, seals, compactions and file merges).
 
 Writes: the RPC appends its request to the shard's log and waits until this replica has
 applied it. The log reader is the only writer of the collections: one entry at a time, in log
@@ -56,6 +56,11 @@ def policy_of(settings: IndexSettings) -> IndexPolicy:
         dimension=settings.index_dimension,
         index_type=settings.index_type,
         ann_threshold=settings.index_ann_threshold,
+        segment_rows=settings.index_segment_rows,
+        segment_max_rows=settings.index_segment_max_rows,
+        compact_deleted_ratio=settings.index_compact_deleted_ratio,
+        compact_max_segments=settings.index_compact_max_segments,
+        recall_target=settings.index_recall_target,
         ivf_nprobe=settings.index_ivf_nprobe,
         hnsw_m=settings.index_hnsw_m,
         hnsw_ef_search=settings.index_hnsw_ef_search,
@@ -126,7 +131,7 @@ class IndexShard(ReplicatedStore[CollectionIndex]):
     async def after_apply(self, collection: CollectionIndex, result: Any) -> None:
         if collection.pending_wal_records >= self.index_settings.index_snapshot_every:
             self.spawn(collection.name, "snapshot", partial(self._snapshot_quietly, collection))
-        if await asyncio.to_thread(collection.rebuild_target) is not None:
+        if await asyncio.to_thread(collection.maintenance_due):
             self.spawn(collection.name, "rebuild", partial(self._rebuild, collection))
 
     # ----- lifecycle -----
@@ -134,7 +139,7 @@ class IndexShard(ReplicatedStore[CollectionIndex]):
     async def start(self) -> None:
         await super().start()
         for collection in self.collections.values():
-            # A changed index_type or threshold may call for a rebuild; rebuild() checks.
+            # Frozen segments to seal, or a changed index_type or threshold; rebuild() checks.
             self.spawn(collection.name, "rebuild", partial(self._rebuild, collection))
         log.info(
             "index shard ready",
@@ -237,7 +242,7 @@ class IndexShard(ReplicatedStore[CollectionIndex]):
     # ----- background work -----
 
     async def _rebuild(self, collection: CollectionIndex) -> None:
-        # Keep going while there is a target: writes during a long build may call for another.
+        # Keep going while there is work: writes during a long build may call for more.
         while await asyncio.to_thread(collection.rebuild):
             pass
 
@@ -252,6 +257,9 @@ class IndexShard(ReplicatedStore[CollectionIndex]):
                 log_id=self.log.positions.log_id,
             )
             uploaded = await self._upload(collection)
+        if outcome.written and await asyncio.to_thread(collection.maintenance_due):
+            # Its files may be due a merge (or its layout a seal or compaction).
+            self.spawn(collection.name, "rebuild", partial(self._rebuild, collection))
         return outcome.sequence, uploaded
 
     async def _upload(self, collection: CollectionIndex) -> bool:

@@ -1,14 +1,25 @@
-"""Local snapshots of one collection, and their single-file (tar) form for the object store.
+"""Checkpoints of one collection: a manifest naming the live segments and the log position, and
+only the files that changed since the previous checkpoint.
 
 Layout of a collection directory::
 
-    CURRENT                     name of the live snapshot directory (switched with os.replace)
-    snapshots/<seq>-<tag>/      index.faiss, vectors.npy, [positions.npy], [payloads.json],
-                                meta.json (written last)
-    wal/                        write-ahead log segments
+    collection.json          identity (collection, dimension, shard, shard count)
+    CURRENT                  names the live checkpoint directory (switched with os.replace)
+    snapshots/<seq>-<tag>/   one checkpoint: meta.json (the manifest, written last) and what it added:
+                             vectors.npy, rows.npz, payloads.bin: the growing segment's rows since the
+                             previous checkpoint (possibly none); frozen-<id>/ the same for a frozen
+                             segment not sealed yet; deleted-<id>.bin: the bitmaps that changed;
+                             docs.jsonl: the document records (fence, source) that changed
+    segments/<id>-<tag>/     a sealed segment: vectors.npy, rows.npz, payloads.bin, index.faiss (written
+                             once, when it is sealed or compacted)
+    merged/<name>/           a background merge of checkpoint files (growing rows, document records)
+    wal/                     write-ahead log segments
 
-A snapshot is written into a temporary directory, fsynced, renamed into place, and only then
-named by CURRENT; a crash at any point leaves the previous snapshot current and intact.
+The manifest names every file it needs by path, sha256 and size, wherever it lies: a file
+written once stays until no manifest names it. A checkpoint is written into a temporary
+directory, fsynced, renamed into place, and only then named by CURRENT; a crash at any point
+leaves the previous manifest current and intact (its files are never changed or removed while
+it is current), and the WAL replay repairs the rest.
 """
 
 from __future__ import annotations
@@ -17,32 +28,38 @@ import json
 import logging
 import os
 import shutil
-import tarfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 
 from meshkit.core.fsutil import fsync_dir, write_atomic
-from meshkit.domain.ids import sha256_file
-from services.index.backends import BackendState
+from services.index.docs import DocRecord, write_run
+from services.index.segment_files import (
+    FileRef,
+    RowData,
+    ref_of,
+    verify,
+    write_bitmap,
+    write_file,
+    write_rows,
+)
+from services.index.segments import Part
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 CURRENT = "CURRENT"
 SNAPSHOTS = "snapshots"
-_META = "meta.json"
-_INDEX = "index.faiss"
-_VECTORS = "vectors.npy"
-_POSITIONS = "positions.npy"
-# Chunk payloads and document sources (absent in snapshots written before they existed).
-_CHUNK_PAYLOADS = "payloads.json"
-_PAYLOAD_FILES = {_INDEX, _VECTORS, _POSITIONS, _CHUNK_PAYLOADS}
-_TMP_PREFIX = ".tmp-"
+SEGMENTS = "segments"
+MERGED = "merged"
+META = "meta.json"
+DOCS_RUN = "docs.jsonl"
+TMP_PREFIX = ".tmp-"
+# Directories whose children a manifest may name.
+DATA_DIRS = (SNAPSHOTS, SEGMENTS, MERGED)
 
 
 class SnapshotError(RuntimeError):
@@ -50,94 +67,120 @@ class SnapshotError(RuntimeError):
 
 
 @dataclass
-class SnapshotData:
-    """A consistent copy of a collection at ``sequence`` (rows of ``vectors`` match the ids)."""
+class NewPart:
+    """Rows of an unsealed segment a checkpoint writes."""
 
-    collection: str
-    sequence: int
-    dimension: int
-    shard: int
-    shard_count: int
-    index_type: str
-    backend: BackendState
-    chunk_ids: list[str]
-    doc_ids: list[str]
-    vectors: np.ndarray
-    # doc id -> fence (tombstones included), and how far in the replicated log it reaches.
-    fences: dict[str, int] = field(default_factory=dict)
-    log_pos: int = 0
-    log_id: str = ""
-    # {"chunks": {chunk id: payload}, "sources": {doc id: source}} (mutations.Payload/Source JSON).
-    payloads: dict[str, Any] = field(default_factory=dict)
+    sid: int
+    start: int
+    data: RowData
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
 
 
 @dataclass
-class LoadedSnapshot:
-    meta: dict[str, Any]
-    index: faiss.Index
-    vectors: np.ndarray
-    positions: np.ndarray | None
-    payloads: dict[str, Any] = field(default_factory=dict)
+class SnapshotData:
+    """What a checkpoint writes, copied under the collection's locks: the manifest fields, the
+    segments' entries as committed so far, and the new rows, bitmaps and records."""
+
+    header: dict[str, Any]
+    # Manifest entries of every segment, in order; parts and bitmaps as committed so far.
+    segments: list[dict[str, Any]]
+    # The growing segment's new rows (at the top of the directory, always written), and frozen
+    # segments' rows not in any committed part yet.
+    growing: NewPart
+    frozen: list[NewPart] = field(default_factory=list)
+    bitmaps: dict[int, np.ndarray] = field(default_factory=dict)
+    doc_records: list[DocRecord] = field(default_factory=list)
+    doc_runs: list[FileRef] = field(default_factory=list)
 
     @property
     def sequence(self) -> int:
-        return int(self.meta["sequence"])
+        return int(self.header["sequence"])
 
 
-def _write_file(path: Path, write: Any) -> str:
-    with path.open("wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    return sha256_file(path)
+@dataclass
+class Written:
+    """A committed checkpoint: its directory and the refs of what it added."""
+
+    directory: Path
+    parts: dict[int, Part]
+    bitmaps: dict[int, FileRef]
+    doc_run: FileRef | None
+    bytes_written: int
 
 
-def write_snapshot(collection_dir: Path, data: SnapshotData) -> Path:
-    """Write, fsync and commit a snapshot; returns its directory (now named by CURRENT)."""
+def _part_files(directory: Path, rel: str, part: NewPart, prefix: str = "") -> Part:
+    return Part(part.start, part.end, write_rows(directory, part.data, rel, prefix))
+
+
+def write_snapshot(collection_dir: Path, data: SnapshotData) -> Written:
+    """Write, fsync and commit a checkpoint; CURRENT names it once this returns."""
     root = collection_dir / SNAPSHOTS
     root.mkdir(parents=True, exist_ok=True)
     name = f"{data.sequence:020d}-{uuid.uuid4().hex[:8]}"
-    tmp = root / f"{_TMP_PREFIX}{name}"
+    rel = f"{SNAPSHOTS}/{name}"
+    tmp = root / f"{TMP_PREFIX}{name}"
     tmp.mkdir()
     try:
-        files = {
-            _INDEX: _write_file(tmp / _INDEX, lambda f: f.write(data.backend.index_bytes.tobytes())),
-            _VECTORS: _write_file(tmp / _VECTORS, lambda f: np.save(f, data.vectors, allow_pickle=False)),
+        growing = _part_files(tmp, rel, data.growing)
+        parts = {data.growing.sid: growing} if len(data.growing.data) else {}
+        for frozen in data.frozen:
+            sub = tmp / f"frozen-{frozen.sid}"
+            sub.mkdir()
+            parts[frozen.sid] = _part_files(sub, f"{rel}/{sub.name}", frozen)
+            fsync_dir(sub)
+        bitmaps = {
+            sid: write_bitmap(tmp / f"deleted-{sid}.bin", dead, f"{rel}/deleted-{sid}.bin")
+            for sid, dead in data.bitmaps.items()
         }
-        if data.backend.positions is not None:
-            positions = data.backend.positions
-            files[_POSITIONS] = _write_file(
-                tmp / _POSITIONS, lambda f: np.save(f, positions, allow_pickle=False)
-            )
-        if data.payloads:
-            encoded = json.dumps(data.payloads, separators=(",", ":")).encode("utf-8")
-            files[_CHUNK_PAYLOADS] = _write_file(tmp / _CHUNK_PAYLOADS, lambda f: f.write(encoded))
-        meta = {
-            "format": FORMAT_VERSION,
-            "collection": data.collection,
-            "sequence": data.sequence,
-            "dimension": data.dimension,
-            "shard": data.shard,
-            "shard_count": data.shard_count,
-            "index_type": data.index_type,
-            "backend": data.backend.extra,
-            "chunk_ids": data.chunk_ids,
-            "doc_ids": data.doc_ids,
-            "fences": data.fences,
-            "log_pos": data.log_pos,
-            "log": data.log_id,
-            "files": files,
-        }
-        _write_file(tmp / _META, lambda f: f.write(json.dumps(meta).encode("utf-8")))
+        doc_run = None
+        if data.doc_records:
+            write_run(tmp / DOCS_RUN, data.doc_records)
+            doc_run = ref_of(tmp / DOCS_RUN, f"{rel}/{DOCS_RUN}")
+        manifest = _manifest(data, parts, bitmaps, doc_run, growing.files)
+        write_file(tmp / META, json.dumps(manifest, separators=(",", ":")).encode("utf-8"))
         fsync_dir(tmp)
+        written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         final = root / name
         os.rename(tmp, final)
         fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    write_atomic(collection_dir / CURRENT, f"{SNAPSHOTS}/{name}\n".encode())
-    return final
+    write_atomic(collection_dir / CURRENT, f"{rel}\n".encode())
+    return Written(final, parts, bitmaps, doc_run, written)
+
+
+def _manifest(
+    data: SnapshotData,
+    parts: dict[int, Part],
+    bitmaps: dict[int, FileRef],
+    doc_run: FileRef | None,
+    own: dict[str, FileRef],
+) -> dict[str, Any]:
+    segments = []
+    for entry in data.segments:
+        entry = dict(entry)
+        sid = int(entry["id"])
+        if sid in parts:
+            entry["parts"] = [*entry["parts"], parts[sid].to_json()]
+        if sid in bitmaps:
+            entry["deleted"] = bitmaps[sid].to_json()
+        segments.append(entry)
+    runs = [*data.doc_runs, *([doc_run] if doc_run else [])]
+    return {
+        "format": FORMAT_VERSION,
+        **data.header,
+        "segments": segments,
+        "doc_runs": [r.to_json() for r in runs],
+        # Its own row files even when they hold no row: a damaged one is found at load.
+        "files": {name: ref.to_json() for name, ref in own.items()},
+    }
+
+
+# ----- reading -----
 
 
 def current_snapshot_dir(collection_dir: Path) -> Path | None:
@@ -146,85 +189,76 @@ def current_snapshot_dir(collection_dir: Path) -> Path | None:
         return None
     relative = pointer.read_text().strip()
     path = collection_dir / relative
-    if not relative.startswith(f"{SNAPSHOTS}/") or not (path / _META).is_file():
+    if not relative.startswith(f"{SNAPSHOTS}/") or not (path / META).is_file():
         raise SnapshotError(f"{pointer} names {relative!r}, which is not a complete snapshot")
     return path
 
 
 def read_meta(snapshot_dir: Path) -> dict[str, Any]:
-    meta: dict[str, Any] = json.loads((snapshot_dir / _META).read_text())
-    if meta.get("format") != FORMAT_VERSION:
+    meta: dict[str, Any] = json.loads((snapshot_dir / META).read_text())
+    if meta.get("format") not in (1, FORMAT_VERSION):
         raise SnapshotError(f"{snapshot_dir}: unsupported snapshot format {meta.get('format')!r}")
     return meta
 
 
-def verify_files(snapshot_dir: Path, meta: dict[str, Any]) -> None:
-    for name, digest in meta["files"].items():
-        if name not in _PAYLOAD_FILES:
-            raise SnapshotError(f"{snapshot_dir}: unexpected file {name!r} in meta")
-        if sha256_file(snapshot_dir / name) != digest:
-            raise SnapshotError(f"{snapshot_dir}/{name}: checksum mismatch")
+def manifest_refs(manifest: dict[str, Any]) -> list[FileRef]:
+    """Every file a (format 2) manifest names."""
+    refs = [FileRef.from_json(r) for r in manifest.get("files", {}).values()]
+    refs += [FileRef.from_json(r) for r in manifest.get("doc_runs", [])]
+    for entry in manifest.get("segments", []):
+        refs += [FileRef.from_json(r) for r in entry.get("files", {}).values()]
+        for part in entry.get("parts", []):
+            refs += Part.from_json(part).files.values()
+        if entry.get("deleted"):
+            refs.append(FileRef.from_json(entry["deleted"]))
+    return refs
 
 
-def read_snapshot(snapshot_dir: Path) -> LoadedSnapshot:
-    meta = read_meta(snapshot_dir)
-    verify_files(snapshot_dir, meta)
-    index = faiss.read_index(str(snapshot_dir / _INDEX))
-    vectors = np.load(snapshot_dir / _VECTORS, allow_pickle=False)
-    positions_path = snapshot_dir / _POSITIONS
-    positions = np.load(positions_path, allow_pickle=False) if _POSITIONS in meta["files"] else None
-    if vectors.shape != (len(meta["chunk_ids"]), meta["dimension"]) or len(meta["doc_ids"]) != len(
-        meta["chunk_ids"]
-    ):
-        raise SnapshotError(f"{snapshot_dir}: vectors and ids do not line up")
-    payloads: dict[str, Any] = {}
-    if _CHUNK_PAYLOADS in meta["files"]:
-        payloads = json.loads((snapshot_dir / _CHUNK_PAYLOADS).read_bytes())
-    return LoadedSnapshot(meta, index, vectors.astype(np.float32, copy=False), positions, payloads)
+def check_paths(refs: list[FileRef]) -> None:
+    """A manifest (perhaps downloaded) only names files under the collection's data dirs."""
+    for ref in refs:
+        parts = ref.path.split("/")
+        if len(parts) < 3 or parts[0] not in DATA_DIRS or any(p in ("", ".", "..") for p in parts):
+            raise SnapshotError(f"manifest names {ref.path!r}, outside the collection's data")
 
 
-def prune(collection_dir: Path, keep: Path | None) -> None:
-    """Remove every snapshot directory but ``keep``: leftovers of interrupted writes, and
-    complete ones CURRENT never named (the WAL still holds everything they contain)."""
-    root = collection_dir / SNAPSHOTS
-    if not root.is_dir():
-        return
-    for child in root.iterdir():
-        if child != keep:
-            shutil.rmtree(child, ignore_errors=True)
+def verify_manifest(collection_dir: Path, manifest: dict[str, Any]) -> None:
+    refs = manifest_refs(manifest)
+    check_paths(refs)
+    for ref in refs:
+        try:
+            verify(collection_dir, ref)
+        except RuntimeError as exc:
+            raise SnapshotError(str(exc)) from None
 
 
-def pack(snapshot_dir: Path, dest: Path) -> str:
-    """One uncompressed tar of the snapshot (vectors do not compress); returns its sha256."""
-    with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
-        for child in sorted(snapshot_dir.iterdir()):
-            tar.add(child, arcname=child.name, recursive=False)
-    return sha256_file(dest)
+# ----- pruning -----
 
 
-def install_packed(collection_dir: Path, archive: Path) -> Path:
-    """Unpack a downloaded snapshot tar, verify it and make it CURRENT."""
-    root = collection_dir / SNAPSHOTS
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f"{_TMP_PREFIX}{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        with tarfile.open(archive, "r") as tar:
-            for member in tar.getmembers():
-                if not member.isfile() or member.name not in (_PAYLOAD_FILES | {_META}):
-                    raise SnapshotError(f"unexpected member {member.name!r} in snapshot archive")
-                source = tar.extractfile(member)
-                assert source is not None
-                with source:
-                    _write_file(tmp / member.name, lambda f, s=source: shutil.copyfileobj(s, f, 1 << 20))
-        meta = read_meta(tmp)
-        verify_files(tmp, meta)
-        fsync_dir(tmp)
-        final = root / f"{int(meta['sequence']):020d}-{uuid.uuid4().hex[:8]}"
-        os.rename(tmp, final)
-        fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    write_atomic(collection_dir / CURRENT, f"{SNAPSHOTS}/{final.name}\n".encode())
-    return final
+def top_dir(path: str) -> str:
+    """The directory under snapshots/, segments/ or merged/ a referenced path lies in."""
+    return "/".join(path.split("/")[:2])
+
+
+def prune_victims(collection_dir: Path, keep: set[str], *, include_tmp: bool) -> list[Path]:
+    """Directories of the data dirs no manifest or live state names (``keep``: their
+    ``top_dir``s); temporary ones only when ``include_tmp`` (nothing is being written)."""
+    victims = []
+    for data_dir in DATA_DIRS:
+        root = collection_dir / data_dir
+        if not root.is_dir():
+            continue
+        for child in root.iterdir():
+            if child.name.startswith(TMP_PREFIX) and not include_tmp:
+                continue
+            if f"{data_dir}/{child.name}" not in keep:
+                victims.append(child)
+    return victims
+
+
+def remove_dirs(victims: list[Path]) -> None:
+    for victim in victims:
+        if victim.is_dir():
+            shutil.rmtree(victim, ignore_errors=True)
+        else:
+            victim.unlink(missing_ok=True)

@@ -1,38 +1,39 @@
-"""A collection index's in-memory state (backend, vector table, chunk and document maps, fences,
-payloads, sources and their metadata index) and the primitives that change and read it: adding
-and removing chunks, planning and applying a replacement, the targets of a delete, document
-sources, FAISS id collisions, filtered and exact scoring, catching a rebuilt backend up, and
-filling it from a snapshot.
+"""A collection index's in-memory state: its segments (sealed ones in order, the growing one
+last), its documents (docs.DocTable), and the primitives that change and read them: adding and
+deleting rows, planning and applying a replacement, the targets of a delete, document sources
+and fences, FAISS id collisions, and freezing the growing segment at its size.
 
 None of it takes a lock or touches the disk: ``CollectionIndex`` (store.py) calls the changing
 primitives under its state write lock, after the mutation is in the WAL, and the reading ones
-under the read lock.
+under the read lock. Applying a mutation depends only on the state and the mutation (the
+growing segment freezes at the same entry on every replica), so replicas agree.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from meshkit.core.errors import failed_precondition
-from meshkit.domain.metadata import MetadataIndex
+from meshkit.domain.ids import bucket_of
 from services.index import mutations as mut
-from services.index.backends import Backend, BackendConfig, VectorTable, build_backend, restore_backend
-from services.index.records import faiss_id
-from services.index.snapshots import LoadedSnapshot
+from services.index.docs import DocTable
+from services.index.records import IndexPolicy, StoredChunk, faiss_id
+from services.index.segment_files import FileRef, encode_payload
+from services.index.segments import SEALED, GrowingSegment, Segment, chunk_bytes, fids_of
 
 log = logging.getLogger(__name__)
 
-# A filtered ANN search scores the allowed vectors exactly when there are at most this many.
-EXACT_FILTER_MAX = 8192
+# Rows grouped by the segment holding them.
+Rows = dict[Segment, set[int]]
 
 
 @dataclass
 class ReplacePlan:
-    remove: set[int]
+    remove: Rows
     upserts: list[mut.ChunkBatch]
     missing: list[str]
     removed: int
@@ -40,87 +41,134 @@ class ReplacePlan:
 
 @dataclass
 class IndexState:
-    """Everything searches read; replaced piecewise only under the state write lock."""
+    """Everything searches read; changed only under the collection's state write lock."""
 
-    backend: Backend
-    table: VectorTable
-    # FAISS id -> (chunk id, doc id), and doc id -> FAISS ids of its chunks.
-    meta: dict[int, tuple[str, str]] = field(default_factory=dict)
-    docs: dict[str, set[int]] = field(default_factory=dict)
-    # doc id -> highest fence applied (kept after the document's chunks are gone).
-    fences: dict[str, int] = field(default_factory=dict)
-    # FAISS id -> the chunk's payload; doc id -> its source (documents with chunks only), and
-    # the index of their metadata.
-    payloads: dict[int, mut.Payload] = field(default_factory=dict)
-    sources: dict[str, mut.Source] = field(default_factory=dict)
-    metadata: MetadataIndex = field(default_factory=MetadataIndex)
-    # FAISS ids changed while a rebuild works on a copy; None when no rebuild runs.
-    touched: set[int] | None = None
+    policy: IndexPolicy
+    docs: DocTable = field(default_factory=DocTable)
+    segments: list[Segment] = field(default_factory=list)
+    next_sid: int = 0
+    # Committed runs of document records (docs.py), oldest first.
+    doc_runs: list[FileRef] = field(default_factory=list)
 
-    # ----- loading a snapshot -----
+    def __post_init__(self) -> None:
+        if not self.segments:
+            self.new_growing()
 
-    def install(self, snap: LoadedSnapshot, config: BackendConfig) -> None:
-        """Fill this (empty) state with a snapshot's chunks, backend, fences and payloads."""
-        meta = snap.meta
-        fids = np.array([faiss_id(c) for c in meta["chunk_ids"]], dtype=np.int64)
-        self.table.put(fids, snap.vectors)
-        for fid, chunk_id, doc_id in zip(fids.tolist(), meta["chunk_ids"], meta["doc_ids"], strict=True):
-            self.meta[fid] = (chunk_id, doc_id)
-            self.docs.setdefault(doc_id, set()).add(fid)
-        try:
-            backend = restore_backend(meta["index_type"], config, snap.index, meta["backend"], snap.positions)
-            if len(backend) != len(fids):
-                raise ValueError(f"index holds {len(backend)} vectors, the snapshot {len(fids)} ids")
-        except ValueError as exc:
-            # The vectors are authoritative; the FAISS file is only a cache of work.
-            log.warning("snapshot index unusable, rebuilding from vectors", extra={"reason": str(exc)})
-            backend = build_backend("flat", config, fids, snap.vectors)
-        self.backend = backend
-        self.fences = {str(d): int(f) for d, f in meta.get("fences", {}).items()}
-        self.install_payloads(snap)
+    # ----- segments -----
 
-    def install_payloads(self, snap: LoadedSnapshot) -> None:
-        """Payloads and sources of the snapshot; snapshots written before them have none."""
-        for chunk_id, raw in snap.payloads.get("chunks", {}).items():
-            fid = faiss_id(chunk_id)
-            if self.meta.get(fid, ("",))[0] == chunk_id:
-                self.payloads[fid] = mut.Payload.from_json(raw)
-        for doc_id, raw in snap.payloads.get("sources", {}).items():
-            if doc_id in self.docs:
-                self.set_source(doc_id, mut.Source.from_json(raw))
+    @property
+    def growing(self) -> GrowingSegment:
+        segment = self.segments[-1]
+        assert isinstance(segment, GrowingSegment)
+        return segment
+
+    def new_growing(self) -> GrowingSegment:
+        segment = GrowingSegment(self.next_sid, self.policy.dimension, self.policy.segment_rows)
+        self.next_sid += 1
+        self.segments.append(segment)
+        return segment
+
+    def maybe_freeze(self) -> bool:
+        """Freeze the growing segment once it holds more than ``segment_rows`` rows (checked
+        after a whole entry: every replica freezes at the same one) and start a new one."""
+        if self.growing.rows <= self.policy.segment_rows:
+            return False
+        self.growing.freeze()
+        self.new_growing()
+        return True
+
+    @property
+    def chunks(self) -> int:
+        return sum(s.live_count for s in self.segments)
+
+    def index_type(self) -> str:
+        """An explicit policy type, or (auto) the index of the largest sealed segment."""
+        if self.policy.index_type != "auto":
+            return self.policy.index_type
+        sealed = [s for s in self.segments if s.state == SEALED]
+        return max(sealed, key=lambda s: s.rows).backend_kind if sealed else "flat"
+
+    # ----- lookups (read lock) -----
+
+    def live_rows_of_fids(self, fids: np.ndarray) -> list[tuple[Segment, np.ndarray, np.ndarray]]:
+        """(segment, indices into ``fids``, rows) of the live rows holding those FAISS ids."""
+        found = []
+        for segment in self.segments:
+            index, rows = segment.locate(fids)
+            if len(rows):
+                found.append((segment, index, rows))
+        return found
+
+    def locate(self, chunk_ids: list[str]) -> dict[str, tuple[Segment, int]]:
+        """Where each chunk id of ``chunk_ids`` is live (exactly that id)."""
+        if not chunk_ids:
+            return {}
+        wanted = chunk_bytes(chunk_ids)
+        found: dict[str, tuple[Segment, int]] = {}
+        fids = np.array([faiss_id(c) for c in chunk_ids], dtype=np.int64)
+        for segment, index, rows in self.live_rows_of_fids(fids):
+            for i, row in zip(index.tolist(), rows.tolist(), strict=True):
+                if np.array_equal(segment.chunks[row], wanted[i]):
+                    found[chunk_ids[i]] = (segment, row)
+        return found
+
+    def doc_rows(self, doc_id: str) -> list[tuple[Segment, np.ndarray]]:
+        state = self.docs.get(doc_id)
+        if state is None or not state.live:
+            return []
+        found = [(s, s.rows_of(state.num)) for s in self.segments]
+        return [(s, rows) for s, rows in found if len(rows)]
+
+    def stored_chunks(self, chunk_ids: list[str]) -> list[StoredChunk]:
+        """The stored chunks of ``chunk_ids`` held here, in request order (a chunk written
+        without a payload comes back with an empty one)."""
+        where = self.locate(chunk_ids)
+        return [self.stored(*where[c]) for c in chunk_ids if c in where]
+
+    def stored(self, segment: Segment, row: int) -> StoredChunk:
+        doc_id = segment.doc_id(row)
+        source = self.docs.source(doc_id) or mut.Source()
+        return StoredChunk(segment.chunk_id(row), doc_id, segment.payload(row), source)
+
+    def chunk_ids_of(self, doc_id: str) -> list[str]:
+        return sorted(s.chunk_id(r) for s, rows in self.doc_rows(doc_id) for r in rows.tolist())
 
     # ----- sources and fences -----
 
     def prior_sources(self, documents: list[mut.Replacement]) -> dict[str, mut.Source]:
-        return {d.doc_id: self.sources[d.doc_id] for d in documents if d.doc_id in self.sources}
+        found = {d.doc_id: self.docs.source(d.doc_id) for d in documents}
+        return {d: s for d, s in found.items() if s is not None}
 
     def apply_sources(self, documents: list[mut.Replacement], prior: dict[str, mut.Source]) -> None:
         """After a replacement's chunks are in place: each document that has chunks gets the
         source it brought, or keeps the one it had (a writer that sent none)."""
         for doc in documents:
             source = doc.source if doc.source is not None else prior.get(doc.doc_id)
-            if source is not None and doc.doc_id in self.docs:
-                self.set_source(doc.doc_id, source)
-
-    def set_source(self, doc_id: str, source: mut.Source) -> None:
-        self.sources[doc_id] = source
-        self.metadata.put(doc_id, dict(source.metadata))
+            state = self.docs.get(doc.doc_id)
+            if source is not None and state is not None and state.live:
+                self.docs.set_source(doc.doc_id, source)
 
     def fence_changes(self, documents: list[mut.Replacement]) -> dict[str, int]:
-        stored = self.fences
-        return {d.doc_id: d.fence for d in documents if d.fence > stored.get(d.doc_id, 0)}
+        return {d.doc_id: d.fence for d in documents if d.fence > self.docs.fence(d.doc_id)}
+
+    def apply_fences(self, fences: dict[str, int]) -> None:
+        for doc_id, fence in fences.items():
+            self.docs.set_fence(doc_id, fence)
 
     # ----- planning a mutation -----
 
     def check_collisions(self, chunk_ids: list[str], collection: str) -> None:
         """Two chunk ids sharing a 60-bit FAISS id would silently overwrite each other."""
+        fids = np.array([faiss_id(c) for c in chunk_ids], dtype=np.int64)
+        stored: dict[int, str] = {}
+        for segment, _index, rows in self.live_rows_of_fids(fids):
+            for row in rows.tolist():
+                stored[int(fids_of(segment.chunks[row : row + 1])[0])] = segment.chunk_id(row)
         seen: dict[int, str] = {}
-        for chunk_id in chunk_ids:
-            fid = faiss_id(chunk_id)
+        for fid, chunk_id in zip(fids.tolist(), chunk_ids, strict=True):
             other = seen.setdefault(fid, chunk_id)
-            stored = self.meta.get(fid)
-            if stored is not None and stored[0] != chunk_id:
-                other = stored[0]
+            if stored.get(fid, chunk_id) != chunk_id:
+                other = stored[fid]
             if other != chunk_id:
                 log.error("FAISS id collision", extra={"chunk_id": chunk_id, "other": other})
                 raise failed_precondition(
@@ -129,30 +177,40 @@ class IndexState:
                 )
 
     def plan_replace(self, documents: list[mut.Replacement]) -> ReplacePlan:
-        remove: set[int] = set()
+        remove: Rows = defaultdict(set)
+        removed_fids: set[int] = set()
         missing: list[str] = []
-        upserted_ids: set[int] = set()
+        upserted: set[int] = set()
         for doc in documents:
             new_ids = {faiss_id(c) for c in doc.upserts.chunk_ids}
-            upserted_ids |= new_ids
+            upserted |= new_ids
             kept: set[int] = set()
+            where = self.locate(doc.keep_chunk_ids)
             for chunk_id in doc.keep_chunk_ids:
                 fid = faiss_id(chunk_id)
-                if self.meta.get(fid) == (chunk_id, doc.doc_id):
+                loc = where.get(chunk_id)
+                if loc is not None and loc[0].doc_id(loc[1]) == doc.doc_id:
                     kept.add(fid)
                 elif fid not in new_ids:
                     missing.append(chunk_id)
-            remove |= self.docs.get(doc.doc_id, set()) - new_ids - kept
-        removed = len(remove - upserted_ids)
-        return ReplacePlan(remove, [d.upserts for d in documents if d.upserts.chunk_ids], missing, removed)
+            for segment, rows in self.doc_rows(doc.doc_id):
+                for row, fid in zip(rows.tolist(), fids_of(segment.chunks[rows]).tolist(), strict=True):
+                    if fid not in new_ids and fid not in kept:
+                        remove[segment].add(row)
+                        removed_fids.add(fid)
+        upserts = [d.upserts for d in documents if d.upserts.chunk_ids]
+        return ReplacePlan(dict(remove), upserts, missing, len(removed_fids - upserted))
 
-    def delete_targets(self, chunk_ids: list[str], doc_ids: list[str]) -> set[int]:
-        targets = {fid for c in chunk_ids if (fid := faiss_id(c)) in self.meta and self.meta[fid][0] == c}
+    def delete_targets(self, chunk_ids: list[str], doc_ids: list[str]) -> Rows:
+        targets: Rows = defaultdict(set)
+        for segment, row in self.locate(chunk_ids).values():
+            targets[segment].add(row)
         for doc_id in doc_ids:
-            targets |= self.docs.get(doc_id, set())
-        return targets
+            for segment, rows in self.doc_rows(doc_id):
+                targets[segment].update(rows.tolist())
+        return dict(targets)
 
-    # ----- changing the state (under the state write lock) -----
+    # ----- changing the state (state write lock) -----
 
     def apply_plan(self, plan: ReplacePlan) -> None:
         # Removals first: a chunk may move from a replaced document into another one.
@@ -160,73 +218,38 @@ class IndexState:
         for batch in plan.upserts:
             self.add(batch)
 
-    def remove(self, fids: Iterable[int]) -> None:
-        ids = np.fromiter(fids, dtype=np.int64)
-        if not len(ids):
-            return
-        self.backend.remove(ids)
-        self.table.remove(ids)
-        for fid in ids.tolist():
-            _chunk_id, doc_id = self.meta.pop(fid)
-            self.payloads.pop(fid, None)
-            members = self.docs[doc_id]
-            members.discard(fid)
-            if not members:
-                # A document without chunks has no source either (a replacement that refills
-                # it sets the source again).
-                del self.docs[doc_id]
-                self.sources.pop(doc_id, None)
-                self.metadata.remove(doc_id)
-        if self.touched is not None:
-            self.touched.update(ids.tolist())
+    def remove(self, targets: Rows) -> None:
+        for segment, rows in targets.items():
+            if not rows:
+                continue
+            ordered = np.array(sorted(rows), dtype=np.int64)
+            counts = Counter(segment.doc_id(r) for r in ordered.tolist())
+            segment.mark_dead(ordered)
+            for doc_id, n in counts.items():
+                self.docs.remove_live(doc_id, n)
 
     def add(self, batch: mut.ChunkBatch) -> None:
-        ids = np.array([faiss_id(c) for c in batch.chunk_ids], dtype=np.int64)
-        self.remove(fid for fid in ids.tolist() if fid in self.meta)  # overwrite = remove + add
-        self.backend.add(ids, batch.vectors)
-        self.table.put(ids, batch.vectors)
-        for fid, chunk_id, doc_id in zip(ids.tolist(), batch.chunk_ids, batch.doc_ids, strict=True):
-            self.meta[fid] = (chunk_id, doc_id)
-            self.docs.setdefault(doc_id, set()).add(fid)
-        for fid, payload in zip(ids.tolist(), batch.payloads, strict=False):
-            self.payloads[fid] = payload
-        if self.touched is not None:
-            self.touched.update(ids.tolist())
-
-    def catch_up(self, backend: Backend) -> None:
-        """Replay onto a backend rebuilt from a copy the chunks changed while it was built."""
-        touched = self.touched or set()
-        self.touched = None
-        if not touched:
+        """Append the batch to the growing segment; a chunk id already live anywhere is an
+        overwrite: its old row is deleted (within the batch the last occurrence wins)."""
+        last = {faiss_id(c): i for i, c in enumerate(batch.chunk_ids)}
+        keep = sorted(last.values())
+        if not keep:
             return
-        ids = np.fromiter(touched, dtype=np.int64, count=len(touched))
-        backend.remove(ids)
-        live = np.array([fid for fid in ids.tolist() if fid in self.table], dtype=np.int64)
-        if len(live):
-            backend.add(live, self.table.gather(live))
-
-    # ----- scoring (under the state read lock) -----
-
-    def filtered_search(self, q: np.ndarray, top_k: int, doc_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        allowed_set: set[int] = set()
-        for doc_id in doc_ids:
-            allowed_set |= self.docs.get(doc_id, set())
-        if not allowed_set:
-            return np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
-        allowed = np.fromiter(allowed_set, dtype=np.int64, count=len(allowed_set))
-        k = min(top_k, len(allowed))
-        if self.backend.exact:
-            return self.backend.search(q, k, allowed)
-        # ANN with a selector can come back short (the allowed vectors may sit outside the
-        # probed lists / explored graph); a small allowed set is cheaper to score exactly anyway.
-        if len(allowed) > EXACT_FILTER_MAX:
-            scores, ids = self.backend.search(q, k, allowed)
-            if int((ids >= 0).sum()) >= k:
-                return scores, ids
-        return self.exact_scores(q, allowed, k)
-
-    def exact_scores(self, q: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        scores = self.table.gather(allowed) @ q[0]
-        top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
-        order = top[np.argsort(-scores[top], kind="stable")]
-        return scores[order], allowed[order]
+        chunk_ids = [batch.chunk_ids[i] for i in keep]
+        doc_ids = [batch.doc_ids[i] for i in keep]
+        fids = np.array([faiss_id(c) for c in chunk_ids], dtype=np.int64)
+        old: Rows = defaultdict(set)
+        for segment, _index, rows in self.live_rows_of_fids(fids):
+            old[segment].update(rows.tolist())
+        self.remove(dict(old))
+        nums = {d: self.docs.add_live(d, n).num for d, n in Counter(doc_ids).items()}
+        buckets = {d: bucket_of(d) for d in nums}
+        payloads = [batch.payloads[i] for i in keep] if batch.payloads else []
+        self.growing.append(
+            chunk_bytes(chunk_ids),
+            [nums[d] for d in doc_ids],
+            doc_ids,
+            np.ascontiguousarray(batch.vectors[keep], dtype=np.float32),
+            np.array([buckets[d] for d in doc_ids], dtype=np.uint16),
+            [encode_payload(p) for p in payloads] if payloads else [b""] * len(keep),
+        )

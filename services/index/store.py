@@ -1,17 +1,22 @@
-"""One collection's dense index on this shard: FAISS backend + side store + WAL + snapshots.
+"""One collection's dense index on this shard: segments + WAL + checkpoints.
+
+Rows live in segments (segments.py, sealed.py): one growing segment takes the writes and is
+searched exactly; at ``segment_rows`` rows it freezes (at the same log entry on every replica)
+and is sealed in the background into an immutable segment with its own FAISS index (HNSW or IVF
+by size, tuned to the recall target); deletes are bits in a segment's deleted bitmap; compaction
+merges small segments and drops deleted rows (maintenance.py). A search fans over the segments
+and merges their top-k (search.py).
 
 Write path (the shard's log applier calls it for every entry of the replicated log, in order):
 validate against the current state, append the mutation to the WAL (fsynced, with the log
 position it came from), then apply it in memory. A crash before the fsync loses nothing the log
-does not still hold; a crash after it is repaired by replaying the WAL on top of the latest
-snapshot. Every step depends only on the state and the mutation, so replicas applying the same
-log agree.
+does not still hold; a crash after it is repaired by replaying the WAL on top of the current
+checkpoint. Applying depends only on the state and the mutation, so replicas applying the same
+log agree (documents, fences, chunk ids, segment membership).
 
-Payloads: each chunk keeps the text and location its writer sent, each document its title,
-source URI and metadata (``Source``), so results can be shown and cited without the sparse
-service; they are logged, snapshotted and replayed with the vectors. Metadata is indexed
-(meshkit.domain.metadata) and a search's metadata filter becomes the set of allowed documents before
-FAISS ranks anything, so ``top_k`` is honoured.
+Checkpoints (snapshots.py, checkpoint.py) write only what changed: the growing segment's new
+rows, the bitmaps that changed, the document records that changed, and a manifest naming the
+live segments' files and the log position; sealed segments' files are written once.
 
 Fences: each document keeps the highest fence a replacement brought it (also once its chunks
 are gone: a tombstone). A replacement with a lower fence is refused (``stale_doc_ids``) and
@@ -19,14 +24,11 @@ changes nothing; an equal one is applied again (a writer's retry); fence 0 is un
 Delete, callers without a claim) and leaves the stored fence as it is.
 
 Locks (always taken in this order):
-- ``_write_lock`` serialises mutations, and lets a snapshot see a state and a WAL position
-  that match;
+- ``_write_lock`` serialises mutations and the swaps of background jobs, and lets a checkpoint
+  copy a state and a WAL position that match;
 - ``_state`` (readers-writer) guards the in-memory state: searches share it, applying a
-  mutation or swapping in a rebuilt backend takes it alone, briefly (never across an fsync
-  or a snapshot write).
-
-Beside it: records.py (the values it takes and gives back), state.py (the in-memory state and
-its lock-free primitives), rebuild_policy.py (when to rebuild the backend, as what).
+  mutation or swapping in a built segment takes it alone, briefly (never across an fsync, an
+  index build or a checkpoint write).
 """
 
 from __future__ import annotations
@@ -34,19 +36,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from meshkit.domain.metadata import Clause
 from meshkit.replication.records import DocumentEntry, ReplaceResult
 from services.index import mutations as mut
-from services.index.backends import Backend, VectorTable, build_backend, omp_threads
+from services.index.backends import build_backend, omp_threads, release_memory
+from services.index.background import SegmentWork
+from services.index.buckets import BucketExport, export_buckets
+from services.index.checkpoint import capture, commit, state_refs
+from services.index.legacy import LEGACY_FORMAT, read_legacy
+from services.index.loading import legacy_state, load_state
 from services.index.metrics import (
+    CHECKPOINT_BYTES,
+    CHECKPOINT_SIZE,
+    DELETED_SHARE,
     PENDING_WAL,
-    REBUILDS,
+    SEALED_ROWS,
     SEARCH_LATENCY,
+    SEGMENTS,
     SNAPSHOT_SECONDS,
     SNAPSHOTS,
     VECTORS,
@@ -54,7 +66,6 @@ from services.index.metrics import (
     WAL_APPENDS,
     WAL_TORN_TAILS,
 )
-from services.index.rebuild_policy import rebuild_target
 from services.index.records import (
     CollectionMismatch,
     CollectionStats,
@@ -63,15 +74,18 @@ from services.index.records import (
     SnapshotOutcome,
     StoredChunk,
     check_identity,
-    faiss_id,
 )
 from services.index.rwlock import RWLock
+from services.index.search import search
+from services.index.segments import FROZEN, GROWING, SEALED
 from services.index.snapshots import (
-    LoadedSnapshot,
     SnapshotData,
     current_snapshot_dir,
-    prune,
-    read_snapshot,
+    manifest_refs,
+    prune_victims,
+    read_meta,
+    remove_dirs,
+    top_dir,
     write_snapshot,
 )
 from services.index.state import IndexState
@@ -89,29 +103,32 @@ class CollectionIndex:
         self.policy = policy
         self.shard = shard
         self.shard_count = shard_count
-        config = policy.backend_config()
-        initial: Backend = build_backend(
-            "hnsw" if policy.index_type == "hnsw" else "flat",
-            config,
-            np.zeros(0, dtype=np.int64),
-            np.zeros((0, policy.dimension), dtype=np.float32),
-        )
-        self._s = IndexState(initial, VectorTable(policy.dimension))
+        self._s = IndexState(policy)
         self._state = RWLock()
         self._write_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()
-        self._rebuild_lock = threading.Lock()
         self._wal = WriteAheadLog(directory / "wal")
         self._applied_seq = 0
         self._snapshot_seq = 0
         # Log position of the last entry applied here, and the log it belongs to (snapshots).
         self._log_pos = 0
-        # Where in the log the current snapshot ends, and which log that is.
+        # Where in the log the current checkpoint ends, and which log that is.
         self._snapshot_log_pos = 0
         self.snapshot_log_id = ""
         self._snapshot_dir: Path | None = None
+        # Files the current checkpoint names (pruning keeps them).
+        self._current_refs: set[str] = set()
         self._layout_changed = False
         self.last_snapshot_at = time.monotonic()
+        self.last_checkpoint_bytes = 0
+        self._work = SegmentWork(
+            name, directory, policy, lambda: self._s, self._state, self._write_lock, self._layout_moved
+        )
+
+    def _layout_moved(self) -> None:
+        """A background job swapped segments or files in (write lock held)."""
+        self._layout_changed = True
+        self._publish_gauges()
 
     # ----- opening -----
 
@@ -119,15 +136,14 @@ class CollectionIndex:
     def open(
         cls, name: str, directory: Path, policy: IndexPolicy, *, shard: int = 0, shard_count: int = 1
     ) -> CollectionIndex:
-        """Load the current snapshot, replay the WAL after it, and get ready for writes."""
+        """Load the current checkpoint, replay the WAL after it, and get ready for writes."""
         index = cls(name, directory, policy, shard=shard, shard_count=shard_count)
         layout = {"dimension": policy.dimension, "shard": shard, "shard_count": shard_count}
         check_identity(directory, {"collection": name, **layout})
         snapshot_dir = current_snapshot_dir(directory)
         if snapshot_dir is not None:
-            index._install(read_snapshot(snapshot_dir))
-            index._snapshot_dir = snapshot_dir
-        prune(directory, keep=snapshot_dir)
+            index._install(snapshot_dir)
+        remove_dirs(prune_victims(directory, index._keep(), include_tmp=True))
         replayed = index._wal.recover(index._snapshot_seq, index._replay)
         if index._wal.torn_bytes_dropped:
             WAL_TORN_TAILS.inc()
@@ -136,16 +152,17 @@ class CollectionIndex:
             "collection loaded",
             extra={
                 "collection": name,
-                "chunks": len(index._s.table),
+                "chunks": index._s.chunks,
+                "segments": len(index._s.segments),
                 "snapshot_sequence": index._snapshot_seq,
                 "wal_replayed": replayed,
-                "index_type": index._s.backend.kind,
+                "index_type": index._s.index_type(),
             },
         )
         return index
 
-    def _install(self, snap: LoadedSnapshot) -> None:
-        meta = snap.meta
+    def _install(self, snapshot_dir: Path) -> None:
+        meta = read_meta(snapshot_dir)
         expected = (
             ("dimension", self.policy.dimension),
             ("shard", self.shard),
@@ -154,24 +171,37 @@ class CollectionIndex:
         for key, want in expected:
             if meta[key] != want:
                 raise CollectionMismatch(f"snapshot of {self.name} has {key}={meta[key]}, expected {want}")
-        self._s.install(snap, self.policy.backend_config())
-        self._applied_seq = self._snapshot_seq = snap.sequence
+        if meta["format"] == LEGACY_FORMAT:
+            self._s = legacy_state(read_legacy(snapshot_dir, meta), self.policy)
+            self._layout_changed = True  # the next checkpoint writes it as segments
+        else:
+            self._s = load_state(self.directory, meta, self.policy)
+            self._current_refs = {top_dir(r.path) for r in manifest_refs(meta)}
+        self._current_refs.add(snapshot_dir.relative_to(self.directory).as_posix())
+        self._snapshot_dir = snapshot_dir
+        self._applied_seq = self._snapshot_seq = int(meta["sequence"])
         self._log_pos = self._snapshot_log_pos = int(meta.get("log_pos", 0))
         self.snapshot_log_id = str(meta.get("log", ""))
+
+    def _keep(self) -> set[str]:
+        """Directories pruning keeps: those the current checkpoint or the live state names."""
+        return self._current_refs | {top_dir(r.path) for r in state_refs(self._s)}
 
     def _replay(self, seq: int, payload: bytes) -> None:
         record = mut.decode_record(payload, self.policy.dimension)
         mutation = record.mutation
         with self._state.write():
+            s = self._s
             if isinstance(mutation, mut.Upsert):
-                self._s.add(mutation.chunks)
+                s.add(mutation.chunks)
             elif isinstance(mutation, mut.Replace):
-                prior = self._s.prior_sources(mutation.documents)
-                self._s.apply_plan(self._s.plan_replace(mutation.documents))
-                self._s.fences.update(self._s.fence_changes(mutation.documents))
-                self._s.apply_sources(mutation.documents, prior)
+                prior = s.prior_sources(mutation.documents)
+                s.apply_plan(s.plan_replace(mutation.documents))
+                s.apply_fences(s.fence_changes(mutation.documents))
+                s.apply_sources(mutation.documents, prior)
             else:
-                self._s.remove(self._s.delete_targets(mutation.chunk_ids, mutation.doc_ids))
+                s.remove(s.delete_targets(mutation.chunk_ids, mutation.doc_ids))
+            s.maybe_freeze()
             self._applied_seq = seq
             self._log_pos = max(self._log_pos, record.pos)
 
@@ -187,10 +217,12 @@ class CollectionIndex:
         if not chunks.chunk_ids:
             return 0
         with self._write_lock:
-            self._s.check_collisions(chunks.chunk_ids, self.name)
+            with self._state.read():
+                self._s.check_collisions(chunks.chunk_ids, self.name)
             seq = self._log(mut.Upsert(chunks), pos)
             with self._state.write():
                 self._s.add(chunks)
+                self._s.maybe_freeze()
                 self._applied(seq, pos)
         self._publish_gauges()
         return len(chunks.chunk_ids)
@@ -198,22 +230,22 @@ class CollectionIndex:
     def replace_documents(self, documents: list[mut.Replacement], pos: int = 0) -> ReplaceResult:
         with self._write_lock:
             with self._state.read():
-                stored = self._s.fences
-                stale = [d.doc_id for d in documents if 0 < d.fence < stored.get(d.doc_id, 0)]
-                accepted = [d for d in documents if not 0 < d.fence < stored.get(d.doc_id, 0)]
-            self._s.check_collisions([c for d in accepted for c in d.upserts.chunk_ids], self.name)
-            with self._state.read():
-                plan = self._s.plan_replace(accepted)
-                fences = self._s.fence_changes(accepted)
-                prior = self._s.prior_sources(accepted)
+                s = self._s
+                stale = [d.doc_id for d in documents if 0 < d.fence < s.docs.fence(d.doc_id)]
+                accepted = [d for d in documents if not 0 < d.fence < s.docs.fence(d.doc_id)]
+                s.check_collisions([c for d in accepted for c in d.upserts.chunk_ids], self.name)
+                plan = s.plan_replace(accepted)
+                fences = s.fence_changes(accepted)
+                prior = s.prior_sources(accepted)
                 sources_changed = any(d.source not in (None, prior.get(d.doc_id)) for d in accepted)
             upserted = sum(len(b.chunk_ids) for b in plan.upserts)
             if plan.remove or upserted or fences or sources_changed:
                 seq = self._log(mut.Replace(accepted), pos)
                 with self._state.write():
-                    self._s.apply_plan(plan)
-                    self._s.fences.update(fences)
-                    self._s.apply_sources(accepted, prior)
+                    s.apply_plan(plan)
+                    s.apply_fences(fences)
+                    s.apply_sources(accepted, prior)
+                    s.maybe_freeze()
                     self._applied(seq, pos)
         self._publish_gauges()
         return ReplaceResult(upserted, plan.removed, plan.missing, stale)
@@ -222,14 +254,15 @@ class CollectionIndex:
         with self._write_lock:
             with self._state.read():
                 targets = self._s.delete_targets(chunk_ids, doc_ids)
-            if not targets:
+            removed = sum(len(rows) for rows in targets.values())
+            if not removed:
                 return 0  # nothing to do, nothing to log
             seq = self._log(mut.Delete(chunk_ids, doc_ids), pos)
             with self._state.write():
                 self._s.remove(targets)
                 self._applied(seq, pos)
         self._publish_gauges()
-        return len(targets)
+        return removed
 
     def _applied(self, seq: int, pos: int) -> None:
         self._applied_seq = seq
@@ -267,24 +300,11 @@ class CollectionIndex:
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
         started = time.perf_counter()
         with self._state.read(), omp_threads(self.policy.search_threads):
-            s = self._s
-            if clauses:
-                universe = set(doc_ids) if doc_ids else s.docs.keys()
-                doc_ids = sorted(s.metadata.matching(clauses, universe))
-                scores, ids = s.filtered_search(q, top_k, doc_ids)
-            elif doc_ids:
-                scores, ids = s.filtered_search(q, top_k, doc_ids)
-            else:
-                k = min(top_k, len(s.table))
-                scores, ids = s.backend.search(q, k, None) if k else (np.zeros(0), np.zeros(0, np.int64))
-            hits = [
-                Hit(*s.meta[fid], float(score))
-                for score, fid in zip(scores.tolist(), ids.tolist(), strict=True)
-                if fid >= 0
-            ]
-            kind = s.backend.kind
+            found = search(self._s, q, top_k, doc_ids or None, clauses)
+            hits = found.hits()
+            kind = self._s.index_type()
             searched = time.perf_counter()
-            stored = _stored_chunks(s, [hit.chunk_id for hit in hits[:payloads]]) if payloads else []
+            stored = found.stored(self._s, payloads) if payloads else []
         filtered = str(bool(doc_ids) or bool(clauses)).lower()
         SEARCH_LATENCY.labels(kind, filtered).observe(searched - started)
         return hits, stored
@@ -293,19 +313,22 @@ class CollectionIndex:
         """The stored payload and document source of each chunk held here, in request order
         (chunks written without a payload come back with an empty one)."""
         with self._state.read():
-            return _stored_chunks(self._s, chunk_ids)
+            return self._s.stored_chunks(chunk_ids)
 
     def stats(self) -> CollectionStats:
         with self._state.read():
             s = self._s
             return CollectionStats(
-                chunks=len(s.table),
-                documents=len(s.docs),
-                index_type=s.backend.kind,
+                chunks=s.chunks,
+                documents=s.docs.with_chunks,
+                index_type=s.index_type(),
                 dimension=self.policy.dimension,
                 sequence=self._applied_seq,
                 snapshot_sequence=self._snapshot_seq,
                 log_position=self._log_pos,
+                segments=len(s.segments),
+                sealed_rows=sum(g.rows for g in s.segments if g.state == SEALED),
+                deleted_rows=sum(g.dead_count for g in s.segments),
             )
 
     def list_documents(self, after: str, limit: int) -> list[DocumentEntry]:
@@ -313,15 +336,14 @@ class CollectionIndex:
         (fenced documents whose chunks are gone), each with its fence and sorted chunk ids."""
         with self._state.read():
             s = self._s
-            names = sorted(d for d in set(s.docs) | set(s.fences) if d > after)[:limit]
-            return [
-                DocumentEntry(
-                    doc_id,
-                    s.fences.get(doc_id, 0),
-                    sorted(s.meta[fid][0] for fid in s.docs.get(doc_id, ())),
-                )
-                for doc_id in names
-            ]
+            names = sorted(d for d in s.docs.docs if d > after)[:limit]
+            return [DocumentEntry(d, s.docs.fence(d), s.chunk_ids_of(d)) for d in names]
+
+    def export_buckets(self, buckets: Iterable[int]) -> BucketExport:
+        """Every live row (vector, payload) of the documents of ``buckets``, with their fences and
+        sources: what moving those buckets to another shard copies."""
+        with self._state.read():
+            return export_buckets(self._s, buckets)
 
     @property
     def log_position(self) -> int:
@@ -338,10 +360,17 @@ class CollectionIndex:
             self._log_pos = 0
 
     def _publish_gauges(self) -> None:
-        VECTORS.labels(self.name).set(len(self._s.table))
+        s = self._s
+        segments = list(s.segments)
+        VECTORS.labels(self.name).set(sum(g.live_count for g in segments))
         PENDING_WAL.labels(self.name).set(self._applied_seq - self._snapshot_seq)
+        for state in (GROWING, FROZEN, SEALED):
+            SEGMENTS.labels(self.name, state).set(sum(1 for g in segments if g.state == state))
+        SEALED_ROWS.labels(self.name).set(sum(g.rows for g in segments if g.state == SEALED))
+        stored = sum(g.rows for g in segments)
+        DELETED_SHARE.labels(self.name).set(sum(g.dead_count for g in segments) / stored if stored else 0.0)
 
-    # ----- snapshots -----
+    # ----- checkpoints -----
 
     @property
     def dirty(self) -> bool:
@@ -368,28 +397,25 @@ class CollectionIndex:
     def snapshot(
         self, *, force: bool = False, log_position: Callable[[], int] | None = None, log_id: str = ""
     ) -> SnapshotOutcome:
-        """Write a snapshot of the current state, switch CURRENT to it, drop the WAL it covers.
+        """Write a checkpoint of what changed, switch CURRENT to it, drop the WAL it covers.
 
         ``log_position()`` (read while writes are held) says how far in the log the shard has
-        applied every entry: the snapshot covers up to the later of it and this collection's
+        applied every entry: the checkpoint covers up to the later of it and this collection's
         own last entry, which is where a replica restoring it resumes the log.
 
-        Only the copy happens under the locks; the (slow) write runs while searches and new
-        writes go on, and the WAL records they add land in a fresh segment that stays."""
+        Only the copy of what changed happens under the locks; the write runs while searches and
+        new writes go on, and the WAL records they add land in a fresh segment that stays."""
         with self._snapshot_lock:
             with self._write_lock:
                 if not self.dirty and not force and self._snapshot_dir is not None:
                     return SnapshotOutcome(self._snapshot_seq, self._snapshot_dir, written=False)
                 with self._state.read():
-                    data = self._copy_for_snapshot()
-                    if log_position is not None:
-                        data.log_pos = max(data.log_pos, log_position())
-                    data.log_id = log_id
+                    data, taken = capture(self._s, self._header(log_position, log_id))
                     self._layout_changed = False
                 keep_from = self._wal.rotate()
             started = time.perf_counter()
             try:
-                directory = write_snapshot(self.directory, data)
+                written = write_snapshot(self.directory, data)
             except BaseException:
                 SNAPSHOTS.labels("error").inc()
                 with self._write_lock:
@@ -397,99 +423,62 @@ class CollectionIndex:
                 raise
             SNAPSHOT_SECONDS.observe(time.perf_counter() - started)
             with self._write_lock:
-                self._snapshot_seq = data.sequence
-                self._snapshot_dir = directory
-                self._snapshot_log_pos = data.log_pos
-                self.snapshot_log_id = data.log_id
+                with self._state.write():
+                    commit(self._s, taken, written, self.directory)
+                self._committed(data, written.directory)
                 self._wal.drop_segments_before(keep_from)
-            prune(self.directory, keep=directory)
+                victims = prune_victims(self.directory, self._keep(), include_tmp=False)
+            remove_dirs(victims)
+            release_memory()  # the payloads now read from the checkpoint's files
             self.last_snapshot_at = time.monotonic()
+            self.last_checkpoint_bytes = written.bytes_written
+            CHECKPOINT_BYTES.inc(written.bytes_written)
+            CHECKPOINT_SIZE.observe(written.bytes_written)
             SNAPSHOTS.labels("ok").inc()
             self._publish_gauges()
             log.info(
-                "snapshot written",
-                extra={"collection": self.name, "sequence": data.sequence, "chunks": len(data.chunk_ids)},
+                "checkpoint written",
+                extra={"collection": self.name, "sequence": data.sequence, "bytes": written.bytes_written},
             )
-            return SnapshotOutcome(data.sequence, directory, written=True)
+            return SnapshotOutcome(data.sequence, written.directory, written=True)
 
-    def _copy_for_snapshot(self) -> SnapshotData:
-        s = self._s
-        fids, vectors = s.table.live()
-        pairs = [s.meta[fid] for fid in fids.tolist()]
-        return SnapshotData(
-            collection=self.name,
-            sequence=self._applied_seq,
-            dimension=self.policy.dimension,
-            shard=self.shard,
-            shard_count=self.shard_count,
-            index_type=s.backend.kind,
-            backend=s.backend.state(),
-            chunk_ids=[p[0] for p in pairs],
-            doc_ids=[p[1] for p in pairs],
-            vectors=vectors,
-            fences=dict(s.fences),
-            log_pos=self._log_pos,
-            payloads={
-                "chunks": {s.meta[fid][0]: p.to_json() for fid, p in s.payloads.items()},
-                "sources": {doc_id: src.to_json() for doc_id, src in s.sources.items()},
-            },
-        )
+    def _header(self, log_position: Callable[[], int] | None, log_id: str) -> dict[str, Any]:
+        log_pos = self._log_pos
+        if log_position is not None:
+            log_pos = max(log_pos, log_position())
+        return {
+            "collection": self.name,
+            "sequence": self._applied_seq,
+            "dimension": self.policy.dimension,
+            "shard": self.shard,
+            "shard_count": self.shard_count,
+            "index_type": self._s.index_type(),
+            "log_pos": log_pos,
+            "log": log_id,
+        }
 
-    # ----- rebuilds -----
+    def _committed(self, data: SnapshotData, directory: Path) -> None:
+        self._snapshot_seq = data.sequence
+        self._snapshot_dir = directory
+        self._snapshot_log_pos = int(data.header["log_pos"])
+        self.snapshot_log_id = str(data.header["log"])
+        meta = read_meta(directory)
+        self._current_refs = {top_dir(r.path) for r in manifest_refs(meta)}
+        self._current_refs.add(directory.relative_to(self.directory).as_posix())
+
+    # ----- background work: seals, compactions, merges (background.py) -----
 
     def rebuild_target(self) -> str | None:
-        """The index type this collection should be rebuilt as now, or None if it is fine."""
-        with self._state.read():
-            return rebuild_target(self._s.backend, len(self._s.table), self.policy)
+        """The index type of the next segment index due (a frozen segment to seal, segments to
+        compact or rebuild as another type), or None."""
+        return self._work.rebuild_target()
+
+    def maintenance_due(self) -> bool:
+        """Whether ``rebuild()`` has work: an index to build or checkpoint files to merge."""
+        return self._work.due()
 
     def rebuild(self) -> bool:
-        """Rebuild the backend as ``rebuild_target()`` if one is due. Training and building work
-        on a copy without blocking searches or writes; changes made meanwhile are replayed onto
-        the new backend before it is swapped in. Returns whether a rebuild happened."""
-        if not self._rebuild_lock.acquire(blocking=False):
-            return False
-        try:
-            with self._state.read():
-                target = rebuild_target(self._s.backend, len(self._s.table), self.policy)
-                if target is None:
-                    return False
-                fids, vectors = self._s.table.live()
-                self._s.touched = set()
-            started = time.perf_counter()
-            try:
-                backend = build_backend(target, self.policy.backend_config(), fids, vectors)
-            except BaseException:
-                with self._state.write():
-                    self._s.touched = None
-                raise
-            with self._state.write():
-                self._s.catch_up(backend)
-                self._s.backend = backend
-                self._layout_changed = True
-            REBUILDS.labels(target).inc()
-            log.info(
-                "index rebuilt",
-                extra={
-                    "collection": self.name,
-                    "index_type": target,
-                    "vectors": len(fids),
-                    "seconds": round(time.perf_counter() - started, 3),
-                },
-            )
-            return True
-        finally:
-            self._rebuild_lock.release()
-
-
-def _stored_chunks(state: IndexState, chunk_ids: list[str]) -> list[StoredChunk]:
-    """The stored chunks of ``chunk_ids`` held in ``state``, in request order; the caller holds
-    the collection's read lock."""
-    found = []
-    for chunk_id in chunk_ids:
-        fid = faiss_id(chunk_id)
-        entry = state.meta.get(fid)
-        if entry is None or entry[0] != chunk_id:
-            continue
-        payload = state.payloads.get(fid, mut.Payload())
-        found.append(StoredChunk(chunk_id, entry[1], payload, state.sources.get(entry[1], mut.Source())))
-    return found
+        """Do the background work due now (seal frozen segments, compact, merge checkpoint files)
+        while searches and writes go on; returns whether anything was done."""
+        # build_backend is looked up here, at call time (tests interpose on it).
+        return self._work.run(build_backend)

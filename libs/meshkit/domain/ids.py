@@ -74,6 +74,19 @@ def shard_of(chunk_id: str, shard_count: int) -> int:
     return int(chunk_id[:8], 16) % max(1, shard_count)
 
 
+# Virtual buckets a collection's documents are spread over (see bucket_of).
+BUCKETS = 1024
+
+
+def bucket_of(doc_id: str, buckets: int = BUCKETS) -> int:
+    """The virtual bucket of a document: a stable hash of its id (sha256, so every process and
+    every store agrees), modulo ``buckets``. Rows carry it so that a later change can map buckets
+    to shards and move one bucket's rows between shards; chunks are still assigned to shards by
+    ``shard_of`` today."""
+    digest = hashlib.sha256(doc_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % max(1, buckets)
+
+
 def doc_key(collection: str, doc_id: str) -> str:
     """A key safe for NATS KV and object names: doc ids may hold characters KV keys do not."""
     return f"{collection}.{hashlib.sha256(doc_id.encode('utf-8')).hexdigest()[:40]}"

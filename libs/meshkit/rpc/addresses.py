@@ -8,8 +8,18 @@ An address setting holds one of:
   stage, turned into ``ipv4:127.0.0.1:5001,127.0.0.1:5002`` (``ipv6:`` for ``[::1]:5001`` lists);
 - a target that already names its resolver, ``dns:///reranker-headless:50057``, passed as is.
 
-With the ``round_robin`` policy the client sets (meshkit.rpc.client.channel_options), calls spread
-over every address of the target and skip the ones that are down.
+How calls spread over the replicas depends on the form (meshkit.rpc.client.Downstream):
+
+- a comma list of two or more IP literals is balanced by the client itself
+  (meshkit.rpc.balancer): one channel per replica (``replica_targets``), each call to the replica
+  with the fewest calls in flight, slow or failing replicas ejected for a while. The client can do
+  this because it sees every replica;
+- a DNS name, one address, or a target with a scheme (``dns:///...``, ``ipv4:a,b``) is one channel
+  with gRPC's ``round_robin`` policy (meshkit.rpc.client.channel_options): calls spread over every
+  address the target resolves to and skip the ones that are down. The pods behind a headless
+  Service's name are known only to gRPC's resolver, which re-resolves as pods come and go; the
+  client cannot count calls per pod without a resolver of its own, so a name keeps gRPC's balancing.
+  Writing ``ipv4:`` before a list keeps a static list on gRPC's round-robin too.
 """
 
 from __future__ import annotations
@@ -71,3 +81,14 @@ def grpc_target(address: str) -> str:
         "127.0.0.1:5002); for replicas behind a name use one DNS name that resolves to all of them "
         "(e.g. dns:///reranker-headless:50057)"
     )
+
+
+def replica_targets(address: str) -> list[tuple[str, str]]:
+    """(replica address, its own gRPC target) for each replica of a comma list of two or more IP
+    literals, which the client balances itself; [] for every other form (one channel balanced by
+    gRPC: a DNS name, one address, a target with a scheme). Raises ValueError as grpc_target does."""
+    target = grpc_target(address)
+    if has_scheme(address.strip()) or not target.startswith(("ipv4:", "ipv6:")):
+        return []
+    scheme = target.partition(":")[0]
+    return [(entry, f"{scheme}:{entry}") for entry in target.partition(":")[2].split(",")]

@@ -7,6 +7,11 @@ downstream (pybreaker), and carries the request id to the next hop.
 
 Failures surface as ``DownstreamError`` with a typed reason, which callers turn into a
 degradation (skip the stage) or a status of their own.
+
+A comma list of replicas (IP literals) is balanced here, per call: one channel per replica, each
+call to the replica with the fewest calls in flight, slow or failing replicas ejected for a while
+(meshkit.rpc.balancer); a retry goes to another replica. A DNS name or one address is one channel
+balanced by gRPC's round_robin (see meshkit.rpc.addresses for why).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -33,7 +38,8 @@ from tenacity import (
 
 from meshkit.core.logs import REQUEST_ID_HEADER, current_request_id, new_request_id
 from meshkit.rpc import tracing
-from meshkit.rpc.addresses import grpc_target
+from meshkit.rpc.addresses import grpc_target, replica_targets
+from meshkit.rpc.balancer import Balancer, BalancerConfig, Replica
 from meshkit.rpc.interceptors import MAX_DEADLINE_S, deadline_var
 from meshkit.rpc.metrics import BREAKER_STATE, CLIENT_CALLS, CLIENT_RETRIES
 from meshkit.rpc.tls import ClientTLS, open_channel
@@ -105,6 +111,8 @@ class ClientPolicy:
     breaker_reset_s: float = 10.0
     # None: plaintext channels; else TLS (and mTLS with a client certificate), see meshkit.rpc.tls.
     tls: ClientTLS | None = None
+    # How a replica list is balanced (least outstanding calls, outlier ejection).
+    balancing: BalancerConfig = field(default_factory=BalancerConfig)
 
     @classmethod
     def from_settings(cls, settings: MeshSettings) -> ClientPolicy:
@@ -132,8 +140,9 @@ def channel_options(max_message_bytes: int = 64 * 1024 * 1024) -> list[tuple[str
         # that a stopped server left in reconnect backoff shares that backoff when a new server
         # takes the port, and its first calls fail UNAVAILABLE.
         ("grpc.use_local_subchannel_pool", 1),
-        # Spread calls over every address the target resolves to (a headless Service's pods,
-        # or an ipv4:a,b list of local replicas) instead of sticking to the first.
+        # Spread calls over every address the target resolves to (a headless Service's pods, an
+        # explicit ipv4:a,b target) instead of sticking to the first. A plain list of replicas
+        # has a channel per replica, balanced by meshkit.rpc.balancer.
         ("grpc.lb_policy_name", "round_robin"),
     ]
 
@@ -168,7 +177,10 @@ def remaining_budget(timeout: float | None) -> float:
 
 class Downstream(Generic[StubT]):
     """A guarded client for one downstream stage: one address, a comma separated list of its
-    replicas, or a DNS name (see meshkit.rpc.addresses)."""
+    replicas, or a DNS name (see meshkit.rpc.addresses).
+
+    ``stub`` is the first replica's stub: pass its methods to ``call`` / ``stream``, which send
+    each attempt to the method of the same name on the replica the balancer picks."""
 
     def __init__(
         self,
@@ -181,9 +193,27 @@ class Downstream(Generic[StubT]):
         self.target = target
         self.address = address
         self.policy = policy or ClientPolicy()
-        # A list of replicas (or a DNS name) becomes one target balanced round-robin.
-        self.channel = open_channel(grpc_target(address), channel_options(max_message_bytes), self.policy.tls)
-        self.stub = stub_factory(self.channel)
+        options = channel_options(max_message_bytes)
+        replicas = replica_targets(address)
+        # None: one channel, balanced by gRPC (a DNS name, one address, a target with a scheme).
+        self.balancer: Balancer | None = None
+        self.stub: StubT
+        if replicas:
+            channels = [open_channel(t, options, self.policy.tls) for _, t in replicas]
+            self.balancer = Balancer(
+                target,
+                [
+                    Replica(target, i, replica, channel, stub_factory(channel))
+                    for i, ((replica, _), channel) in enumerate(zip(replicas, channels, strict=True))
+                ],
+                self.policy.balancing,
+            )
+            self.balancer.connect()
+            self.channel = channels[0]
+            self.stub = self.balancer.replicas[0].stub
+        else:
+            self.channel = open_channel(grpc_target(address), options, self.policy.tls)
+            self.stub = stub_factory(self.channel)
         self.breaker = pybreaker.CircuitBreaker(
             fail_max=self.policy.breaker_fail_max,
             reset_timeout=self.policy.breaker_reset_s,
@@ -200,7 +230,11 @@ class Downstream(Generic[StubT]):
         return str(self.breaker.current_state)
 
     async def close(self) -> None:
-        await self.channel.close(None)
+        if self.balancer is None:
+            await self.channel.close(None)
+            return
+        for replica in self.balancer.replicas:
+            await replica.channel.close(None)
 
     async def call(
         self,
@@ -249,6 +283,7 @@ class Downstream(Generic[StubT]):
         name: str,
         overall: float,
     ) -> Any:
+        tried: list[Replica] = []
         try:
             async for attempt in retrying:
                 with attempt:
@@ -261,12 +296,48 @@ class Downstream(Generic[StubT]):
                             "no time left before the caller's deadline",
                         )
                     with self.breaker.calling():
-                        response = await method(request, timeout=left, metadata=metadata)
+                        response = await self._send(method, request, left, metadata, tried)
                     CLIENT_CALLS.labels(self.target, name, "OK").inc()
                     return response
         except (pybreaker.CircuitBreakerError, aio.AioRpcError) as exc:
             raise self._failed(name, exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _send(
+        self,
+        method: Any,
+        request: Any,
+        timeout: float,
+        metadata: tuple[tuple[str, str], ...],
+        tried: list[Replica],
+    ) -> Any:
+        """One attempt: on the one channel, or on the replica the balancer picks (one this call
+        has not tried yet when it can), accounted to that replica."""
+        replica, bound = self._route(method, tried)
+        if replica is None or self.balancer is None:
+            return await bound(request, timeout=timeout, metadata=metadata)
+        tried.append(replica)
+        self.balancer.started(replica)
+        started = time.monotonic()
+        code = grpc.StatusCode.CANCELLED
+        try:
+            response = await bound(request, timeout=timeout, metadata=metadata)
+            code = grpc.StatusCode.OK
+            return response
+        except aio.AioRpcError as exc:
+            code = exc.code()
+            raise
+        finally:
+            self.balancer.finished(replica, code, time.monotonic() - started)
+
+    def _route(self, method: Any, tried: list[Replica]) -> tuple[Replica | None, Any]:
+        """(the replica picked, its method); (None, ``method``) without a balancer, or for a
+        callable that is no stub method (then sent as given)."""
+        if self.balancer is None:
+            return None, method
+        replica = self.balancer.pick(tried)
+        bound = replica.bind(method)
+        return (None, method) if bound is None else (replica, bound)
 
     async def stream(self, method: Any, request: Any, *, timeout: float | None = None) -> AsyncIterator[Any]:
         """The messages of a server-streaming ``method``, under the deadline and the breaker.
@@ -283,21 +354,32 @@ class Downstream(Generic[StubT]):
         with tracing.rpc_call(self.target, name) as carrier:
             metadata = ((REQUEST_ID_HEADER, rid), *carrier.items())
             call: Any = None
+            replica: Replica | None = None
+            code = grpc.StatusCode.CANCELLED
             try:
                 with self.breaker.calling():
-                    call = method(request, timeout=left, metadata=metadata)
+                    replica, bound = self._route(method, [])
+                    if replica is not None and self.balancer is not None:
+                        self.balancer.started(replica)
+                    call = bound(request, timeout=left, metadata=metadata)
                     messages = call.__aiter__()
                     first = await anext(messages, None)
                 if first is not None:
                     yield first
                     async for message in messages:
                         yield message
+                code = grpc.StatusCode.OK
                 CLIENT_CALLS.labels(self.target, name, "OK").inc()
             except (pybreaker.CircuitBreakerError, aio.AioRpcError) as exc:
+                if isinstance(exc, aio.AioRpcError):
+                    code = exc.code()
                 raise self._failed(name, exc) from exc
             finally:
                 if call is not None and not call.done():
                     call.cancel()
+                if replica is not None and self.balancer is not None:
+                    # A stream's length is the answer's, not the replica's speed: no latency sample.
+                    self.balancer.finished(replica, code, None)
 
     def _failed(self, name: str, exc: pybreaker.CircuitBreakerError | aio.AioRpcError) -> DownstreamError:
         if isinstance(exc, pybreaker.CircuitBreakerError):

@@ -35,6 +35,34 @@ CLIENT_RETRIES = Counter("ragmesh_client_retries_total", "Retried outgoing calls
 BREAKER_STATE = Gauge(
     "ragmesh_breaker_open", "1 while the circuit breaker of a downstream is open.", ["target"]
 )
+# Per replica of a downstream the client balances itself (meshkit.rpc.balancer): a replica list
+# is a handful of addresses, so the address is a bounded label.
+REPLICA_IN_FLIGHT = Gauge(
+    "ragmesh_client_replica_in_flight",
+    "Calls in flight to one replica of a downstream.",
+    ["target", "replica"],
+)
+REPLICA_CALLS = Counter(
+    "ragmesh_client_replica_calls_total",
+    "Attempts sent to one replica of a downstream, by outcome (ok, failed: UNAVAILABLE or "
+    "DEADLINE_EXCEEDED, other: any other status or cancelled).",
+    ["target", "replica", "outcome"],
+)
+REPLICA_EJECTIONS = Counter(
+    "ragmesh_client_replica_ejections_total",
+    "Times a replica was taken out of the rotation, by reason (failures, latency).",
+    ["target", "replica", "reason"],
+)
+REPLICA_EJECTED = Gauge(
+    "ragmesh_client_replica_ejected",
+    "1 while a replica is ejected (no calls until probed).",
+    ["target", "replica"],
+)
+REPLICA_LATENCY = Gauge(
+    "ragmesh_client_replica_latency_ewma_seconds",
+    "Moving average of a replica's call latency as this client sees it (queueing included).",
+    ["target", "replica"],
+)
 AUTH_REQUESTS = Counter(
     "ragmesh_auth_requests_total",
     "Calls checked by API-key auth, by key id (kid_...: 'ragmesh keys list' names it; '-' when none "

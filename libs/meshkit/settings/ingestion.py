@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 
 from meshkit.settings.embedder import default_embedder_tokenizer
@@ -73,6 +75,20 @@ class IngestionSettings(MeshSettings):
         le=10_000,
         description="Most dead letters one ReplayDeadLetters call handles (then a cursor).",
     )
+    ingest_index_dir: Path | None = Field(
+        None,
+        description="Where the ingestion API keeps its status index (SQLite: every document's state, "
+        "source and hashes in (collection, doc id) order, counts per collection and state, the status "
+        "bucket's sequence applied), derived from the status bucket and rebuilt from it when missing. "
+        "One per API process. Default: <state_dir>/ingestion-index.",
+    )
+    ingest_index_start_wait_s: float = Field(
+        5.0,
+        ge=0,
+        description="How long the ingestion API's start waits for its status index to catch up with the "
+        "status bucket before it serves anyway; until caught up, the calls answered from the index "
+        "(collection status, listings, reindex) are refused with UNAVAILABLE and a retry hint.",
+    )
     ingest_fetch_batch: int = Field(32, description="Events a worker pulls at once.")
     ingest_max_in_flight: int = Field(64, description="Documents a worker processes concurrently.")
     ingest_embed_batch: int = Field(64, description="Chunks per Embed call.")
@@ -114,6 +130,10 @@ class IngestionSettings(MeshSettings):
         "(a decompression-bomb PDF) fails permanently (0: no cap).",
     )
     ingest_worker_id: str = Field("", description="Worker identity (default: host-pid).")
+
+    def index_dir(self) -> Path:
+        """The directory of the API's status index (ingest_index_dir, else under state_dir)."""
+        return self.ingest_index_dir or self.state_dir / "ingestion-index"
 
     def retry_backoffs(self) -> list[float]:
         return [float(x) for x in self.ingest_retry_backoff_s.split(",") if x.strip()]

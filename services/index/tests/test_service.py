@@ -254,7 +254,7 @@ async def test_wrong_shard_is_rejected(tmp_path: Path) -> None:
 
 
 async def test_shutdown_snapshots_and_restart_serves_the_same_data(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path, index_type="auto", index_ann_threshold=60)
+    settings = make_settings(tmp_path, index_type="auto", index_ann_threshold=60, index_segment_rows=60)
     served = await serve(settings)
     vectors = random_vectors(80, seed=4)
     chunks = [chunk(f"d{i % 8}", cid(f"d{i % 8}", i), vectors[i]) for i in range(80)]

@@ -9,11 +9,12 @@ import pytest
 
 from meshkit.core.errors import ServiceError
 from services.index import store as store_module
-from services.index.backends import FlatBackend, VectorTable, faiss
+from services.index.backends import FlatBackend, faiss
 from services.index.store import CollectionIndex
 from services.index.wal import WalCorruption
 
 from .conftest import (
+    batch,
     brute_force,
     cid,
     clustered_vectors,
@@ -276,7 +277,7 @@ def recall_at(
 
 
 def test_auto_switches_to_ivf_past_threshold_and_keeps_recall(tmp_path: Path) -> None:
-    index = open_index(tmp_path, index_type="auto", ann_threshold=1500, ivf_nprobe=8)
+    index = open_index(tmp_path, index_type="auto", ann_threshold=1500, segment_rows=1500, ivf_nprobe=8)
     n = 3000
     vectors = clustered_vectors(n)
     chunk_ids = [cid(f"d{i // 100}", i) for i in range(n)]
@@ -293,13 +294,13 @@ def test_auto_switches_to_ivf_past_threshold_and_keeps_recall(tmp_path: Path) ->
     # The switch survives a restart without another rebuild.
     index.snapshot()
     index.close()
-    reopened = open_index(tmp_path, index_type="auto", ann_threshold=1500, ivf_nprobe=8)
+    reopened = open_index(tmp_path, index_type="auto", ann_threshold=1500, segment_rows=1500, ivf_nprobe=8)
     assert reopened.stats().index_type == "ivf" and reopened.rebuild_target() is None
     assert recall_at(reopened, vectors, chunk_ids, queries) >= 0.9
 
 
 def test_writes_during_a_rebuild_are_not_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    index = open_index(tmp_path, index_type="auto", ann_threshold=1000)
+    index = open_index(tmp_path, index_type="auto", ann_threshold=1000, segment_rows=1000)
     chunk_ids, vectors = fill(index, 1100, per_doc=100)
     late_id, late_vector = cid("late", 0), random_vectors(1, 77)
     real_build = store_module.build_backend
@@ -318,7 +319,7 @@ def test_writes_during_a_rebuild_are_not_lost(tmp_path: Path, monkeypatch: pytes
 
 
 def test_hnsw_deletes_are_hidden_and_compacted(tmp_path: Path) -> None:
-    index = open_index(tmp_path, index_type="hnsw", hnsw_m=16)
+    index = open_index(tmp_path, index_type="hnsw", hnsw_m=16, segment_rows=100)
     chunk_ids, vectors = fill(index, 400, per_doc=10)
     assert index.stats().index_type == "hnsw"
     deleted_docs = [f"doc-{i}" for i in range(0, 40, 3)]  # 14 of 40 documents: 35%
@@ -332,7 +333,7 @@ def test_hnsw_deletes_are_hidden_and_compacted(tmp_path: Path) -> None:
     index.snapshot()
     index.close()
 
-    reopened = open_index(tmp_path, index_type="hnsw", hnsw_m=16)
+    reopened = open_index(tmp_path, index_type="hnsw", hnsw_m=16, segment_rows=100)
     assert reopened.stats().chunks == 400 - len(deleted)
     assert reopened.rebuild_target() == "hnsw"  # tombstones > 20%
     assert reopened.rebuild()
@@ -342,33 +343,41 @@ def test_hnsw_deletes_are_hidden_and_compacted(tmp_path: Path) -> None:
 
 
 def test_changing_the_index_type_rebuilds_from_stored_vectors(tmp_path: Path) -> None:
-    index = open_index(tmp_path, index_type="flat")
+    index = open_index(tmp_path, index_type="flat", segment_rows=20)
     fill(index, 50)
     index.snapshot()
     index.close()
-    reopened = open_index(tmp_path, index_type="hnsw")
+    reopened = open_index(tmp_path, index_type="hnsw", segment_rows=20)
     assert reopened.rebuild_target() == "hnsw"
     reopened.rebuild()
     assert reopened.stats().index_type == "hnsw" and reopened.stats().chunks == 50
 
 
-def test_vector_table_matches_a_dict_under_random_puts_and_removes() -> None:
+def test_segment_rows_match_a_dict_under_random_puts_and_removes(tmp_path: Path) -> None:
+    """(Was VectorTable's test: the side table is gone, vectors live in the segments.) Random
+    overwrites and deletes across sealed, frozen and growing segments, with seals and compactions
+    in between: the live rows are exactly the last vector put for each live chunk."""
+    index = open_index(tmp_path, index_type="auto", segment_rows=400, ann_threshold=300)
     rng = np.random.default_rng(1)
-    table, truth = VectorTable(4), {}
-    for _ in range(300):
-        ids = rng.integers(0, 3000, rng.integers(1, 700))
+    ids = [cid(f"d{i % 50}", i) for i in range(3000)]
+    truth: dict[str, np.ndarray] = {}
+    for step in range(300):
+        picked = sorted(set(rng.integers(0, 3000, rng.integers(1, 100)).tolist()))
+        chunk_ids = [ids[i] for i in picked]
         if rng.random() < 0.7:
-            vectors = rng.standard_normal((len(ids), 4)).astype(np.float32)
-            table.put(ids.astype(np.int64), vectors)
-            truth.update(zip(ids.tolist(), vectors, strict=True))
+            vectors = rng.standard_normal((len(picked), 16)).astype(np.float32)
+            index.upsert(batch([f"d{i % 50}" for i in picked], chunk_ids, vectors))
+            truth.update(zip(chunk_ids, vectors, strict=True))
         else:
-            table.remove(ids.astype(np.int64))
-            for fid in ids.tolist():
-                truth.pop(fid, None)
-    live_ids, live_vectors = table.live()
-    assert len(table) == len(truth) == len(live_ids)
-    for fid, vector in zip(live_ids.tolist(), live_vectors, strict=True):
-        assert np.array_equal(vector, truth[fid])
+            index.delete(chunk_ids, [])
+            for chunk_id in chunk_ids:
+                truth.pop(chunk_id, None)
+        if step % 60 == 59:
+            index.rebuild()
+    exported = index.export_buckets(range(1024))
+    assert index.stats().chunks == len(truth) == len(exported.chunk_ids)
+    for chunk_id, vector in zip(exported.chunk_ids, exported.matrix(16), strict=True):
+        assert np.array_equal(vector, truth[chunk_id])
 
 
 def test_corruption_before_the_last_segment_stops_recovery(tmp_path: Path) -> None:
