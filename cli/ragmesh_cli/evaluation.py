@@ -11,6 +11,14 @@ Systems are just named runs, so another one (e.g. a reranked list) is one more e
 
 Doc ids: corpus ids go through the same sanitising as ``ragmesh ingest`` (documents.sanitize_doc_id)
 and qrels ids are mapped the same way, so they match what the gateway returns.
+
+Refused queries: a search the gateway answers with an error (any gRPC status, e.g. a query over
+its length limit, or a transient failure left after the client's retries) does not stop the
+eval. The query is reported as refused (how many, their ids, the first error) and scored as an
+empty ranking: 0 in every metric of every system, and still counted in each mean, so a system
+cannot score higher by refusing the queries it would get wrong. Only when every query is refused
+for a reason that says the eval itself is misconfigured (``FATAL_CODES``: no such collection, not
+allowed, ...) does the eval stop with that error instead of reporting zeros.
 """
 
 from __future__ import annotations
@@ -44,7 +52,8 @@ from ragmesh_client import AsyncClient, NotFoundError, RagmeshError
 RUN_FORMAT = "ragmesh-eval-run/1"
 # Every system an eval reports, in report order; the per-leg names match LEG_NAMES.
 SYSTEMS: tuple[str, ...] = ("bm25", "dense", "exact", "fused", "reranked")
-# Errors that say the whole eval is misconfigured: stop instead of scoring every query as a miss.
+# Errors that say the whole eval is misconfigured when every query gets one: stop instead of
+# scoring every query as a miss (one query refused with one of them is a refused query).
 FATAL_CODES = frozenset(
     {
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -113,6 +122,7 @@ class QueryOutcome:
     runs: dict[str, list[str]]
     latency_ms: float
     degradations: list[str] = field(default_factory=list)
+    # "CODE: message" when the gateway refused the search (scored as an empty ranking).
     error: str | None = None
 
 
@@ -144,12 +154,14 @@ async def collect(
     timeout_s: float,
     concurrency: int,
 ) -> list[QueryOutcome]:
-    """Run every request with at most ``concurrency`` in flight. Transient failures (unavailable,
-    deadline, overload) left after the client's retries are recorded and scored as empty
-    rankings; a fatal one stops the eval."""
+    """Run every request with at most ``concurrency`` in flight. A search that fails (any gRPC
+    error left after the client's retries) is recorded as refused and scored as an empty
+    ranking; only when every search failed with a ``FATAL_CODES`` error is that (the first, in
+    query order) raised: the eval itself is misconfigured."""
     if concurrency < 1:
         raise ValueError("--concurrency must be >= 1")
     gate = asyncio.Semaphore(concurrency)
+    fatal: dict[str, RagmeshError] = {}
 
     async def one(query_id: str, request: gateway_pb2.SearchRequest) -> QueryOutcome:
         async with gate:
@@ -162,7 +174,7 @@ async def collect(
                 )
             except RagmeshError as exc:
                 if exc.code in FATAL_CODES:
-                    raise
+                    fatal[query_id] = exc
                 elapsed = (time.perf_counter() - started) * 1000.0
                 empty: dict[str, list[str]] = {name: [] for name in SYSTEMS}
                 return QueryOutcome(query_id, empty, elapsed, error=f"{exc.code.name}: {exc.message}")
@@ -181,6 +193,8 @@ async def collect(
     finally:
         for task in tasks:
             task.cancel()
+    if fatal and len(fatal) == len(requests):
+        raise fatal[next(iter(requests))]
     order = {qid: i for i, qid in enumerate(requests)}
     return sorted(outcomes, key=lambda o: order[o.query_id])
 
@@ -234,7 +248,17 @@ def build_report(
         "responses": sum(1 for o in outcomes if o.degradations),
         "by_kind": dict(sorted(by_kind.items())),
     }
-    report["failed"] = {"queries": sum(errors.values()), "by_code": dict(sorted(errors.items()))}
+    refused = [o for o in outcomes if o.error]
+    report["refused"] = {
+        "queries": len(refused),
+        "query_ids": [o.query_id for o in refused],
+        "first_error": refused[0].error if refused else None,
+        "by_code": dict(sorted(errors.items())),
+        # Each refused query is an empty ranking: 0 in every metric, counted in every mean.
+        "scored_as": "zero",
+    }
+    # The same count under its older name, for readers of earlier reports.
+    report["failed"] = {"queries": len(refused), "by_code": dict(sorted(errors.items()))}
     if dataset.missing_queries:
         report["skipped_queries_without_text"] = len(dataset.missing_queries)
     return report
@@ -264,10 +288,28 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"({paired['confidence']:.0%} paired bootstrap)",
         )
     lines.extend(f"  {kind}: {count}" for kind, count in report["degraded"]["by_kind"].items())
-    if report["failed"]["queries"]:
-        lines.append(f"failed searches (scored as empty): {report['failed']['queries']}")
-        lines.extend(f"  {code}: {count}" for code, count in report["failed"]["by_code"].items())
+    lines.extend(_refused_lines(report))
     return "\n".join(lines)
+
+
+# Refused query ids the text report lists (the JSON report has them all).
+SHOWN_REFUSED_IDS = 10
+
+
+def _refused_lines(report: Mapping[str, Any]) -> list[str]:
+    refused = report.get("refused")
+    if not refused or not refused["queries"]:
+        return []
+    ids = refused["query_ids"]
+    shown = ", ".join(ids[:SHOWN_REFUSED_IDS]) + (
+        f", ... ({len(ids) - SHOWN_REFUSED_IDS} more)" if len(ids) > SHOWN_REFUSED_IDS else ""
+    )
+    return [
+        f"refused queries: {refused['queries']} of {report['queries']} "
+        "(scored 0 in every metric and counted in every mean): " + shown,
+        f"  first error: {refused['first_error']}",
+        *(f"  {code}: {count}" for code, count in refused["by_code"].items()),
+    ]
 
 
 def save_run(
@@ -338,7 +380,8 @@ def format_comparison(rows: Sequence[Mapping[str, Any]], name_a: str, name_b: st
 
 
 async def run_eval(args: argparse.Namespace, gateway_address: str, ingestion_address: str) -> int:
-    """The whole eval; exits 1 when some searches failed (they are scored as empty rankings)."""
+    """The whole eval; exits 1 when some queries were refused (the report is printed all the
+    same, each refused query scored 0)."""
     if not args.dataset:
         raise InputError("--dataset is required (or --compare RUN_A RUN_B)")
     if args.limit is not None and args.limit < 1:
@@ -373,7 +416,7 @@ async def run_eval(args: argparse.Namespace, gateway_address: str, ingestion_add
     if args.save_run:
         save_run(Path(args.save_run), report, runs, per_query)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 1 if report["failed"]["queries"] else 0
+    return 1 if report["refused"]["queries"] else 0
 
 
 def run_compare(args: argparse.Namespace) -> int:

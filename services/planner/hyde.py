@@ -40,6 +40,9 @@ MAX_PASSAGE_CHARS = 400
 HYDE_MAX_TOKENS = 96
 # Below this, a second LLM call for the passage would be cut off before it could finish.
 MIN_HYDE_SECONDS = 1.0
+# The question as a prompt shows it: a long one (the gateway takes a paragraph or a page) is cut
+# to its opening, about 500 tokens, so the small model's ~2000-token context keeps room to reply.
+PROMPT_QUERY_CHARS = 2000
 # Reasons that say the LLM cannot answer right now, not that it answered badly.
 UNREACHABLE = frozenset({"unavailable", "deadline", "breaker_open"})
 
@@ -100,12 +103,20 @@ class HydeWriter:
         return passage
 
 
+def prompt_query(query: str) -> str:
+    """``query`` as a prompt quotes it: stripped, and cut to PROMPT_QUERY_CHARS."""
+    text = query.strip()
+    if len(text) <= PROMPT_QUERY_CHARS:
+        return text
+    return text[: PROMPT_QUERY_CHARS - 1].rstrip() + "\u2026"
+
+
 def hyde_messages(query: str) -> list[dict[str, str]]:
     return [
         {
             "role": "user",
             "content": "Write one or two sentences that answer the question, as a passage in a "
-            f"document would. No preamble.\n\nQuestion: {query.strip()}",
+            f"document would. No preamble.\n\nQuestion: {prompt_query(query)}",
         }
     ]
 

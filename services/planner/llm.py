@@ -53,7 +53,7 @@ from meshkit.llm.factory import LLM, LLMError
 from meshkit.text.answering import content_words
 from services.planner import metrics
 from services.planner.deterministic import DeterministicPlanner
-from services.planner.hyde import MAX_PASSAGE_CHARS, on_topic, trim_passage
+from services.planner.hyde import MAX_PASSAGE_CHARS, on_topic, prompt_query, trim_passage
 from services.planner.keywords import MAX_KEYWORD_CHARS, verbatim_keywords
 from services.planner.plan import Fallback, HydeMode, PlanInput, RetrievalPlan, Strategy, Turn
 from services.planner.text import collapse_spaces, tokens, word_key
@@ -153,7 +153,7 @@ def plan_messages(
     if history:
         lines.append("Conversation:")
         lines.extend(_prompt_turn(turn) for turn in history[-PROMPT_TURNS:])
-    lines += [f"Question: {query.strip()}", "Reply with JSON:"]
+    lines += [f"Question: {prompt_query(query)}", "Reply with JSON:"]
     if history:
         lines.append("question = the question rewritten to make sense without the conversation")
     lines.append('strategy = "precise" (one fact) or "exhaustive" (overview, list, comparison)')

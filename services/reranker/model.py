@@ -220,13 +220,19 @@ class CrossEncoderModel:
     ) -> tuple[list[Encoding], np.ndarray]:
         """Token pairs within the model's limit. The query is kept whole up to its own cap (a
         pathological query must not push the passage out); the passage takes the rest: its head,
-        or with ``overlap`` windows its opening and the span that matches the query best."""
-        query_tokens = self.tokenizer.encode_batch(list(queries), add_special_tokens=False)
+        or with ``overlap`` windows its opening and the span that matches the query best. Each
+        distinct query is tokenised once: a long one (up to reranker_max_query_chars) shared by
+        every pair of a call is not read again per passage."""
+        distinct = list(dict.fromkeys(queries))
+        encoded = self.tokenizer.encode_batch(distinct, add_special_tokens=False)
+        for encoding in encoded:
+            encoding.truncate(self.max_query_tokens)
+        by_query = dict(zip(distinct, encoded, strict=True))
+        query_tokens = [by_query[query] for query in queries]
         passage_tokens = self.tokenizer.encode_batch(list(passages), add_special_tokens=False)
         rooms = []
         truncated = np.zeros(len(queries), dtype=bool)
         for i, (q, p) in enumerate(zip(query_tokens, passage_tokens, strict=True)):
-            q.truncate(self.max_query_tokens)
             rooms.append(self.max_tokens - self._special - len(q.ids))
             truncated[i] = len(p.ids) > rooms[-1]
         if self.window == "overlap":

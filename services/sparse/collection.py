@@ -42,6 +42,7 @@ from services.sparse.records import (
     DocumentUpdate,
     Hit,
 )
+from services.sparse.salient import salient_terms
 from services.sparse.schema import (
     EXACT_TOKENIZER,
     SCHEMA,
@@ -279,17 +280,24 @@ class Collection:
 
     # --- reads ---
 
-    def search_bm25(self, query: str, top_k: int, doc_ids: Sequence[str]) -> list[Hit]:
+    def search_bm25(
+        self, query: str, top_k: int, doc_ids: Sequence[str], max_terms: int | None = None
+    ) -> list[Hit]:
+        """The ``top_k`` best chunks for ``query``'s analysed terms (no query parser: no input
+        is a syntax error). With ``max_terms``, a query of more distinct terms searches its most
+        salient ones only (salient.py: the rarest in this collection)."""
         terms = query_terms(query)
         if not terms:
             return []
+        searcher = self._index.searcher()
+        if max_terms is not None and len(terms) > max_terms:
+            terms = salient_terms(terms, max_terms, lambda term: _doc_freq(searcher, term))
         clauses: list[tuple[Occur, Query]] = []
         for term in terms:
             title = Query.term_query(SCHEMA, "title", term)
             clauses.append((Occur.Should, Query.boost_query(title, self._title_boost)))
             clauses.append((Occur.Should, Query.term_query(SCHEMA, "body", term)))
         query_ = _with_doc_filter(Query.boolean_query(clauses), doc_ids)
-        searcher = self._index.searcher()
         result = searcher.search(query_, limit=top_k, count=False)
         hits = []
         for score, address in result.hits:

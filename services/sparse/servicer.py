@@ -101,7 +101,15 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         allowed = await self._filtered(collection, request.filter, doc_ids)
         if allowed is None:
             return sparse_pb2.SearchBm25Response()
-        leg = await asyncio.to_thread(_bm25_leg, collection, query, top_k, allowed, request.with_text)
+        leg = await asyncio.to_thread(
+            _bm25_leg,
+            collection,
+            query,
+            top_k,
+            allowed,
+            request.with_text,
+            self.settings.sparse_max_query_terms,
+        )
         self._observe("bm25", started, leg.hits)
         return sparse_pb2.SearchBm25Response(
             hits=[_hit_pb(h) for h in leg.hits],
@@ -350,10 +358,10 @@ class Bm25Leg:
 
 
 def _bm25_leg(
-    collection: Collection, query: str, top_k: int, allowed: Sequence[str], with_text: int
+    collection: Collection, query: str, top_k: int, allowed: Sequence[str], with_text: int, max_terms: int
 ) -> Bm25Leg:
     """One thread hop for the whole leg."""
-    hits = collection.search_bm25(query, top_k, allowed)
+    hits = collection.search_bm25(query, top_k, allowed, max_terms)
     records = collection.get_chunks([h.chunk_id for h in hits[:with_text]]) if with_text else []
     unknown = collection.unknown_words(query, MAX_UNKNOWN_TERMS)
     return Bm25Leg(hits, unknown, collection.novel_words(unknown), records)

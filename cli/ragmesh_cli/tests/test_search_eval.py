@@ -225,6 +225,10 @@ def test_a_reranked_response_is_two_systems() -> None:
 # ---------------------------------------------------------------------------- end to end (fake servers)
 
 
+# The fake gateway refuses longer queries, as the real one does (gateway_max_query_chars).
+QUERY_LIMIT = 16_000
+
+
 class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     """bm25 finds the relevant documents, dense finds nothing useful, fused = bm25."""
 
@@ -237,6 +241,11 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
         self.requests.append(request)
         if request.collection == "forbidden":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "collection 'forbidden' is not allowed")
+        if len(request.query) > QUERY_LIMIT:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the query length in characters is {len(request.query)}, the limit is {QUERY_LIMIT}",
+            )
         docs = self.ANSWERS.get(request.query, [])
         bm25 = [gateway_pb2.LegHit(chunk_id=f"{d}#{i}", doc_id=d) for d in docs for i in range(2)]
         degraded = request.query == "find beta"
@@ -379,6 +388,45 @@ def test_eval_stops_on_a_fatal_error_and_needs_a_dataset(
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
     assert main(["eval"]) == 1
     assert "--dataset is required" in capsys.readouterr().err
+
+
+def test_eval_reports_a_refused_query_and_scores_it_zero(
+    fake_servers: FakeGateway, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = write_dataset(tmp_path / "tiny")
+    long_query = "find beta " * 2000  # 20,000 characters: over the gateway's limit
+    queries = [{"_id": "q1", "text": "find alpha"}, {"_id": "q2", "text": long_query}]
+    (root / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in queries))
+    # Exit 1: not every query was searched; the report comes all the same.
+    assert main(["eval", "--dataset", str(root), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["queries"] == 2
+    assert report["refused"] == {
+        "queries": 1,
+        "query_ids": ["q2"],
+        "first_error": "INVALID_ARGUMENT: the query length in characters is 20000, the limit is 16000",
+        "by_code": {"INVALID_ARGUMENT": 1},
+        "scored_as": "zero",
+    }
+    assert report["failed"] == {"queries": 1, "by_code": {"INVALID_ARGUMENT": 1}}
+    # q1 is ranked ideally (1.0); the refused q2 counts as 0 in the mean over both.
+    for system in ("bm25", "fused"):
+        assert report[system]["ndcg@10"] == pytest.approx(0.5) and report[system]["queries"] == 2
+        assert report[system]["mrr@10"] == pytest.approx(0.5)
+    assert main(["eval", "--dataset", str(root)]) == 1
+    human = capsys.readouterr().out
+    assert "refused queries: 1 of 2 (scored 0 in every metric and counted in every mean): q2" in human
+    assert "  first error: INVALID_ARGUMENT: the query length in characters is 20000" in human
+
+
+def test_the_text_report_lists_the_first_refused_ids_only() -> None:
+    dataset = evaluation.BeirDataset(
+        name="d", root=Path("."), split="test", corpus_path=Path("c"), queries={}, qrels={}
+    )
+    outcomes = [evaluation.QueryOutcome(f"q{i}", {}, 1.0, error="UNAVAILABLE: down") for i in range(12)]
+    text = evaluation.format_report(evaluation.build_report(dataset, {}, outcomes, {}))
+    assert "refused queries: 12 of 12 (scored 0 in every metric and counted in every mean): q0, q1," in text
+    assert "q9, ... (2 more)" in text and "  UNAVAILABLE: 12" in text
 
 
 def test_ensure_ingested_completes_a_partial_collection_only(

@@ -40,7 +40,9 @@ class PlannerSettings(LLMSettings):
     )
     planner_max_variations: int = Field(8, ge=1, description="Largest max_variations a caller may ask for.")
     planner_max_keywords: int = Field(8, ge=1, description="Most hard keywords in one plan.")
-    planner_max_query_chars: int = Field(2000, ge=1, description="Longest query accepted, in characters.")
+    planner_max_query_chars: int = Field(
+        16_000, ge=1, description="Longest query accepted, in characters (>= the gateway's)."
+    )
     planner_max_history_turns: int = Field(
         20, ge=0, description="Most conversation turns in a Plan request (keep >= the gateway's)."
     )

@@ -72,4 +72,9 @@ class RerankerSettings(MeshSettings):
     reranker_max_passage_chars: int = Field(
         32_768, ge=1, description="Longest passage accepted, in characters."
     )
-    reranker_max_query_chars: int = Field(2000, ge=1, description="Longest query accepted, in characters.")
+    reranker_max_query_chars: int = Field(
+        16_000,
+        ge=1,
+        description="Longest query accepted, in characters (>= the gateway's; the model reads its first "
+        "max_query_tokens tokens).",
+    )

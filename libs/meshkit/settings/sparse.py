@@ -19,7 +19,15 @@ class SparseSettings(StoreSettings):
     )
     sparse_max_top_k: int = Field(1000, description="Largest top_k accepted.")
     sparse_max_keywords: int = Field(32, description="Most keywords in one exact search.")
-    sparse_max_query_chars: int = Field(4096, description="Longest BM25 query.")
+    sparse_max_query_chars: int = Field(
+        16_000, description="Longest BM25 query, in characters (>= the gateway's query limit)."
+    )
+    sparse_max_query_terms: int = Field(
+        64,
+        ge=1,
+        description="Most distinct terms a BM25 query searches: a longer one keeps its rarest (fewest chunks "
+        "hold them; longest, then first, on a tie), which carry most of the BM25 score.",
+    )
     sparse_writer_heap_bytes: int = Field(64 * 1024 * 1024, description="tantivy writer memory.")
     sparse_title_boost: float = Field(
         0.3,

@@ -152,3 +152,13 @@ def test_token_budget_split_keeps_vectors(model: EmbeddingModel, settings: Embed
     split, _ = tiny.embed(SENTENCES, TextKind.PASSAGE)
     whole, _ = model.embed(SENTENCES, TextKind.PASSAGE)
     np.testing.assert_allclose(split, whole, atol=1e-4)
+
+
+def test_a_page_long_query_embeds_what_the_model_reads(model: EmbeddingModel) -> None:
+    # The gateway takes queries up to 16,000 characters: the embedder cuts one to its token
+    # limit (no error) and flags it, and its vector is that of its opening.
+    query = ("How do hybrid retrieval systems rank documents for a long question? " * 250)[:16_000]
+    vectors, flags = model.embed_with_flags([query, query[:4000]], TextKind.QUERY)
+    assert flags.tolist() == [True, True]
+    np.testing.assert_allclose(vectors[0], vectors[1], atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)

@@ -21,7 +21,7 @@ from services.planner.text import quoted_phrases, split_quoted, tokens, without_
 from services.planner.variations import make_variations
 
 MEGABYTE = 1_000_000
-QUERY_LIMIT = 2000  # planner_max_query_chars
+QUERY_LIMIT = 16_000  # planner_max_query_chars
 BOUND_S = 10.0
 
 OLD_QUOTED = re.compile(
@@ -150,3 +150,20 @@ def test_keyword_words_are_counted_like_the_final_check() -> None:
     assert len(tokens(query)) == 5
     assert llm_planner._in_query(query, query) == query
     assert llm_planner._usable_keyword(query)
+
+
+def test_a_query_at_the_limit_plans_quickly_and_prompts_quote_its_opening() -> None:
+    from meshkit.settings import PlannerSettings
+    from services.planner.hyde import PROMPT_QUERY_CHARS, hyde_messages
+
+    assert PlannerSettings().planner_max_query_chars == QUERY_LIMIT
+    sentence = "Which retrieval methods rank IL-6 studies on \u201cbone density\u201d (v1.2.3)? "
+    query = (sentence * 300)[:QUERY_LIMIT]
+    planner = DeterministicPlanner(PoolSizes(50, 80), max_keywords=8)
+    started = time.perf_counter()
+    plan = planner.plan_sync(PlanInput(query=query, strategy=None, max_variations=8, hyde_mode=None))
+    assert time.perf_counter() - started < 1.0
+    assert plan.variations[0] == query.strip()
+    for messages in (llm_planner.plan_messages(query, 3, 8, True), hyde_messages(query)):
+        prompt = messages[-1]["content"]
+        assert query[:100] in prompt and len(prompt) < PROMPT_QUERY_CHARS + 600

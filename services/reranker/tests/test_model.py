@@ -157,6 +157,21 @@ def test_an_overlong_query_is_capped_and_the_passage_keeps_its_room(cell_model: 
     assert cell_model.score_pairs([query], [passage]).tolist() == [float(MAX_QUERY_TOKENS + room)]
 
 
+def test_a_page_long_query_is_read_to_its_token_cap_once_for_every_pair(
+    cell_model: CrossEncoderModel,
+) -> None:
+    # The gateway takes queries up to 16,000 characters: the model reads the first
+    # MAX_QUERY_TOKENS tokens of one, however many passages share it, and scores as for those.
+    query = ("cell " * 4000)[:16_000]
+    passages = [f"cell {'word ' * i}" for i in range(200)]
+    encodings, truncated = cell_model.encode_pairs([query] * len(passages), passages)
+    assert all(len(e.ids) <= MAX_TOKENS for e in encodings)
+    head = " ".join(["cell"] * MAX_QUERY_TOKENS)
+    scores = cell_model.score(query, passages[:3])[0]
+    assert scores.tolist() == cell_model.score(head, passages[:3])[0].tolist()
+    assert truncated.tolist() == cell_model.encode_pairs([head] * len(passages), passages)[1].tolist()
+
+
 @pytest.mark.parametrize(("requested", "limit", "query_limit"), [(0, 64, 16), (100, 64, 16), (20, 20, 8)])
 def test_a_smaller_token_limit_at_load_wins(
     make_model_dir: ModelDirFactory, requested: int, limit: int, query_limit: int
