@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from meshkit.core.errors import unavailable
 from meshkit.rpc.balancer import Balancer, BalancerConfig, Replica
-from meshkit.rpc.client import ClientPolicy, Downstream
+from meshkit.rpc.client import ClientPolicy, Downstream, DownstreamError
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.narrator.v1 import narrator_pb2, narrator_pb2_grpc
 
@@ -415,5 +415,33 @@ async def test_streams_are_spread_by_streams_open(start_fake: StartFake) -> None
         balancer = client.balancer
         assert balancer is not None
         assert [r.in_flight for r in balancer.replicas] == [0, 0]
+    finally:
+        await client.close()
+
+
+async def test_one_failing_replica_does_not_open_the_tiers_breaker(start_fake: StartFake) -> None:
+    bad, good = await start_fake(), await start_fake()
+    # As when a replica is killed: the calls in flight on it all fail together.
+    bad.fake.behavior = sleeping(0.05, error=True)
+    good.fake.behavior = sleeping(0.1)
+    policy = ClientPolicy(timeout_s=5.0, retry_attempts=1, retry_backoff_s=0.01, breaker_fail_max=2)
+    client = client_of(bad.address, good.address, policy=policy)
+    try:
+        await connected(client)
+        outcomes = await asyncio.gather(
+            *(client.call(client.stub.Embed, REQUEST) for _ in range(8)), return_exceptions=True
+        )
+        failures = [o for o in outcomes if isinstance(o, DownstreamError)]
+        assert len(failures) >= 2, outcomes
+        assert {f.reason for f in failures} == {"unavailable"}  # the replica's answer
+        assert client.breaker_state == "closed"
+        # Once no other replica is ready, failures count again: the breaker opens.
+        good.fake.behavior = sleeping(0.0, error=True)
+        reasons = set()
+        for _ in range(8):
+            with pytest.raises(DownstreamError) as raised:
+                await client.call(client.stub.Embed, REQUEST)
+            reasons.add(raised.value.reason)
+        assert "breaker_open" in reasons
     finally:
         await client.close()

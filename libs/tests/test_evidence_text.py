@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from meshkit.text.evidence import evidence_sentences
 from meshkit.text.front_matter import split_front_matter
-from meshkit.text.markup import HUGO_SHORTCODES, strip_html_comments, strip_tags
+from meshkit.text.markup import HUGO_SHORTCODES, inline_text, strip_html_comments, strip_tags
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 GRPC_DOCS = SHARED / "corpora" / "grpc-docs" / "docs"
@@ -362,3 +362,27 @@ def test_time_grows_linearly() -> None:
     # Eight times the input: linear code takes about 8x as long, a quadratic step 64x.
     small, large = cost(2_000), cost(16_000)
     assert large < 24 * small + 0.05, (small, large)
+
+
+def test_character_references_read_as_a_reader_sees_them() -> None:
+    assert (
+        inline_text("Possible Values: Number &gt;= 0 &amp; &#8804; 10")
+        == "Possible Values: Number >= 0 & ≤ 10"
+    )
+    # An escaped tag is text, not a tag to strip; a bare ampersand stays as it is.
+    assert inline_text("write &lt;b&gt; for bold, R&D") == "write <b> for bold, R&D"
+
+
+def test_a_table_row_of_evidence_has_no_entities() -> None:
+    text = "# Limits\n\n| Property | Possible Values |\n|---|---|\n| max_deliver | Number &gt;= 0 |\n"
+    sentences = evidence_sentences(text)
+    assert any("Number >= 0" in s for s in sentences), sentences
+    assert not any("&gt;" in s for s in sentences)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(alphabet="&#;x0123456789abcdefgtl <>", max_size=2000))
+def test_references_are_decoded_in_linear_time(noise: str) -> None:
+    started = time.perf_counter()
+    inline_text(noise * 50)
+    assert time.perf_counter() - started < 2.0

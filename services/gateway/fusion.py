@@ -39,6 +39,8 @@ class Fused:
     # Set by the gateway: 1-based place in the fused list, and the cross-encoder's score.
     fused_rank: int = 0
     rerank_score: float | None = None
+    # The score of the order the reranker's rules chose for it (None: the fused order holds).
+    order_score: float | None = None
 
     @property
     def best_rank(self) -> int:
@@ -139,10 +141,27 @@ def blend_reranked(reranked: Sequence[Fused], fused_weight: float, k: float) -> 
     order (``fused_weight``; 0 keeps the reranker's order). On SciFact train claims a cross-encoder
     trained on little data ranks better with the retrieval legs' vote than alone."""
     if fused_weight <= 0:
+        for item in reranked:
+            item.order_score = item.rerank_score
         return list(reranked)
     position = {item.chunk_id: i for i, item in enumerate(reranked)}
+    for item in reranked:
+        item.order_score = 1.0 / (k + position[item.chunk_id] + 1) + fused_weight / (k + item.fused_rank)
+    return sorted(reranked, key=lambda item: (-(item.order_score or 0.0), position[item.chunk_id]))
 
-    def score(item: Fused) -> float:
-        return 1.0 / (k + position[item.chunk_id] + 1) + fused_weight / (k + item.fused_rank)
 
-    return sorted(reranked, key=lambda item: (-score(item), position[item.chunk_id]))
+def ordering_scores(results: Sequence[Fused]) -> list[float]:
+    """The score each result is ordered by, non-increasing down the list: its ``order_score``
+    where the reranker's rules set one, else its fused score; a result placed below by rule
+    (no order score under ones that have it) carries the score of the one above it."""
+    scores: list[float] = []
+    ruled = False
+    for item in results:
+        if item.order_score is not None:
+            value, ruled = item.order_score, True
+        elif ruled:
+            value = scores[-1]
+        else:
+            value = item.score
+        scores.append(min(value, scores[-1]) if scores else value)
+    return scores

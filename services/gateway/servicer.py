@@ -36,7 +36,7 @@ from services.gateway.degradations import (
     UNAVAILABLE,
     Degradation,
 )
-from services.gateway.fusion import Fused, Hit
+from services.gateway.fusion import Fused, Hit, ordering_scores
 from services.gateway.rerank import RERANKER
 from services.gateway.search import Searcher, SearchOutcome
 from services.gateway.validation import BM25, DENSE, EXACT, SearchParams, validate_ask, validate_search
@@ -199,10 +199,11 @@ def to_ask_response(outcome: AskOutcome, params: AskParams) -> gateway_pb2.AskRe
     return response
 
 
-def _result_pb(item: Fused, outcome: SearchOutcome) -> gateway_pb2.SearchResult:
+def _result_pb(item: Fused, outcome: SearchOutcome, score: float) -> gateway_pb2.SearchResult:
     result = gateway_pb2.SearchResult(
         chunk_id=item.chunk_id,
         doc_id=item.doc_id,
+        score=score,
         fused_score=item.score,
         fused_rank=item.fused_rank,
         rerank_score=item.rerank_score,
@@ -238,7 +239,10 @@ def _leg_result_pb(leg: str, hits: list[Hit]) -> gateway_pb2.LegResult:
 
 def to_response(outcome: SearchOutcome, params: SearchParams) -> gateway_pb2.SearchResponse:
     response = gateway_pb2.SearchResponse(
-        results=[_result_pb(item, outcome) for item in outcome.results],
+        results=[
+            _result_pb(item, outcome, score)
+            for item, score in zip(outcome.results, ordering_scores(outcome.results), strict=True)
+        ],
         plan=outcome.plan,
         degradations=[_degradation_pb(d) for d in outcome.degradations],
         timings=[gateway_pb2.StageTiming(stage=stage, ms=ms) for stage, ms in outcome.timings.items()],

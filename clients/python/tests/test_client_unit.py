@@ -369,3 +369,13 @@ def test_retries_are_throttled_when_most_attempts_fail(mesh: FakeMesh, client: C
     # 10 tokens: the first call's retries spend down to 6, then one more attempt reaches 5 and
     # from there each call makes one attempt only (instead of 4 each: 24).
     assert mesh.script.attempts("Search") < 12
+
+
+def test_a_results_score_is_the_gateways_ordering_score_when_it_sends_one() -> None:
+    from ragmesh_client import _convert
+    from ragmesh_client._pb.gateway.v1 import gateway_pb2
+
+    blended = gateway_pb2.SearchResult(chunk_id="c", fused_score=0.5, rerank_score=1.5, score=0.03125)
+    assert _convert.search_result(blended).score == 0.03125
+    older = gateway_pb2.SearchResult(chunk_id="c", fused_score=0.5, rerank_score=1.5)
+    assert _convert.search_result(older).score == 1.5

@@ -168,6 +168,13 @@ class Balancer:
         self._next = (chosen.index + 1) % len(self.replicas)
         return chosen
 
+    def others_ready(self, replica: Replica) -> bool:
+        """Whether a replica other than ``replica`` takes calls and is connected."""
+        return any(
+            r is not replica and r.takes_calls() and r.connectivity() == grpc.ChannelConnectivity.READY
+            for r in self.replicas
+        )
+
     def _load(self, replica: Replica) -> tuple[int, int]:
         # Fewest in flight; among equals, the next in turn after the last one picked.
         return replica.in_flight, (replica.index - self._next) % len(self.replicas)

@@ -151,6 +151,16 @@ def _is_health_neutral(exc: BaseException) -> bool:
     return isinstance(exc, aio.AioRpcError) and exc.code() not in FAILURE_CODES
 
 
+# Set on a failure of one balanced replica while others are ready: the balancer ejects that
+# replica, and the downstream's breaker does not count it (one replica's death must not open the
+# breaker of the whole tier; its in-flight calls all fail at once).
+_REPLICA_LOCAL = "ragmesh_replica_local"
+
+
+def _is_replica_local(exc: BaseException) -> bool:
+    return bool(getattr(exc, _REPLICA_LOCAL, False))
+
+
 class BreakerMetrics(pybreaker.CircuitBreakerListener):
     """Exports a breaker's state as ragmesh_breaker_open{target} and logs each change."""
 
@@ -217,7 +227,7 @@ class Downstream(Generic[StubT]):
         self.breaker = pybreaker.CircuitBreaker(
             fail_max=self.policy.breaker_fail_max,
             reset_timeout=self.policy.breaker_reset_s,
-            exclude=[_is_health_neutral],
+            exclude=[_is_health_neutral, _is_replica_local],
             listeners=[BreakerMetrics(target)],
             name=target,
             # The call that trips the breaker reached the downstream: report what it answered,
@@ -326,6 +336,8 @@ class Downstream(Generic[StubT]):
             return response
         except aio.AioRpcError as exc:
             code = exc.code()
+            if self.balancer.others_ready(replica):
+                setattr(exc, _REPLICA_LOCAL, True)
             raise
         finally:
             self.balancer.finished(replica, code, time.monotonic() - started)

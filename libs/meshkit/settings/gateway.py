@@ -10,13 +10,7 @@ from meshkit.settings.mesh import MeshSettings
 
 
 class GatewaySettings(MeshSettings):
-    gateway_max_query_chars: int = Field(
-        16_000,
-        ge=1,
-        description="Longest query accepted, in characters (a paragraph searches: the dense leg embeds what "
-        "the embedder reads, BM25 its rarest terms, the reranker what fits its tokens). Keep <= "
-        "planner_max_query_chars, reranker_max_query_chars and sparse_max_query_chars.",
-    )
+    gateway_max_query_chars: int = Field(16_000, ge=1, description="Longest query accepted, in characters.")
     gateway_max_top_k: int = Field(100, ge=1, description="Largest top_k accepted.")
     gateway_max_variations: int = Field(8, ge=1, description="Largest max_variations accepted.")
     gateway_max_pool_size: int = Field(

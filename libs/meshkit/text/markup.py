@@ -7,6 +7,7 @@ same code as the evidence sentences (meshkit.text.evidence)."""
 
 from __future__ import annotations
 
+import html
 import re
 
 # (opener, closer) of template tags: Hugo shortcodes, Jinja/GitBook/Liquid tags, then Jinja/Go
@@ -123,7 +124,8 @@ def strip_html_comments(text: str) -> str:
 
 def inline_text(text: str) -> str:
     """Text without inline markup: images -> alt text, links -> their text, HTML tags out,
-    inline code and emphasis markers dropped (their content stays)."""
+    inline code and emphasis markers dropped (their content stays), character references
+    (``&gt;``, ``&#62;``) decoded."""
     # Each pass only runs when its opening character is there: most prose has none of them.
     if "<" in text:
         text = _HTML_TAG.sub("", strip_html_comments(text))
@@ -135,6 +137,10 @@ def inline_text(text: str) -> str:
         text = _REF_LINK.sub(r"\1", text)
         text = _BRACKETED.sub(_unbracket_label, text)
     text = _EMPHASIS.sub(r"\1", text.replace("`", "").replace("**", ""))
+    if "&" in text:
+        # Character references as a reader sees them ("&gt;=" is ">="), after the tags are out so
+        # an escaped tag ("&lt;b&gt;") stays text; html.unescape reads each reference in bounded steps.
+        text = html.unescape(text)
     return WHITESPACE.sub(" ", text).strip()
 
 

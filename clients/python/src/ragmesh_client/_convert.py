@@ -237,12 +237,20 @@ def _timings(items: Iterable[gateway_pb2.StageTiming]) -> dict[str, float]:
     return {t.stage: t.ms for t in items}
 
 
+def _order_score(result: gateway_pb2.SearchResult, rerank_score: float | None) -> float:
+    # A gateway without the ``score`` field: the reranker's score, else the fused one (which
+    # need not follow the order when the gateway blended the two).
+    if result.HasField("score"):
+        return result.score
+    return result.fused_score if rerank_score is None else rerank_score
+
+
 def search_result(result: gateway_pb2.SearchResult) -> SearchResult:
     rerank_score = result.rerank_score if result.HasField("rerank_score") else None
     return SearchResult(
         chunk_id=result.chunk_id,
         doc_id=result.doc_id,
-        score=result.fused_score if rerank_score is None else rerank_score,
+        score=_order_score(result, rerank_score),
         text=result.text,
         title=result.title,
         source_uri=result.source_uri,

@@ -55,7 +55,8 @@ class Location:
 class SearchResult:
     chunk_id: str
     doc_id: str
-    # The rank-deciding score: the cross-encoder's log-odds when reranked, else the fused score.
+    # The score the results are ordered by, non-increasing down the list (compare within one
+    # response): the fused score in fused order, the reranker/fusion blend when reranked.
     score: float
     text: str
     title: str

@@ -135,7 +135,7 @@ class LegRank(_message.Message):
     def __init__(self, leg: _Optional[_Union[Leg, str]] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SearchResult(_message.Message):
-    __slots__ = ("chunk_id", "doc_id", "title", "text", "location", "fused_score", "leg_ranks", "rerank_score", "fused_rank", "source_uri", "metadata")
+    __slots__ = ("chunk_id", "doc_id", "title", "text", "location", "fused_score", "leg_ranks", "rerank_score", "fused_rank", "source_uri", "metadata", "score")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class SearchResult(_message.Message):
     FUSED_RANK_FIELD_NUMBER: _ClassVar[int]
     SOURCE_URI_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
     chunk_id: str
     doc_id: str
     title: str
@@ -165,7 +166,8 @@ class SearchResult(_message.Message):
     fused_rank: int
     source_uri: str
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ..., fused_score: _Optional[float] = ..., leg_ranks: _Optional[_Iterable[_Union[LegRank, _Mapping]]] = ..., rerank_score: _Optional[float] = ..., fused_rank: _Optional[int] = ..., source_uri: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    score: float
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., location: _Optional[_Union[_common_pb2.ChunkLocation, _Mapping]] = ..., fused_score: _Optional[float] = ..., leg_ranks: _Optional[_Iterable[_Union[LegRank, _Mapping]]] = ..., rerank_score: _Optional[float] = ..., fused_rank: _Optional[int] = ..., source_uri: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., score: _Optional[float] = ...) -> None: ...
 
 class Degradation(_message.Message):
     __slots__ = ("stage", "reason", "message", "legs", "fallback")
