@@ -122,6 +122,29 @@ def test_a_retry_goes_to_a_replica_not_tried_yet() -> None:
     assert b.pick(tried=[r0, r1]) is r0  # a tried replica that works before an untried one that is down
 
 
+def test_a_slow_replica_that_answers_is_picked_before_a_dead_one() -> None:
+    b, (slow, dead), clock = balancer(2)
+    for _ in range(CONFIG.min_samples):
+        call_on(b, dead, OK, 0.01)
+        call_on(b, slow, OK, 0.5)
+    assert slow.state == "ejected" and slow.ejected_for == "latency"
+    dead.channel.state = grpc.ChannelConnectivity.TRANSIENT_FAILURE
+    # The only replica taking calls is down: the slow one, connected, answers instead.
+    assert b.pick() is slow
+    assert b.others_ready(dead) and not b.others_ready(slow)
+    # One ejected for failing is no stand-in.
+    clock.now += CONFIG.max_ejection_s + 1
+    b.pick()
+    for _ in range(CONFIG.eject_after_failures):
+        call_on(b, slow, UNAVAILABLE)
+    assert slow.ejected_for == "failures" and not b.others_ready(dead)
+
+
+def call_on(b: Balancer, replica: Replica, code: grpc.StatusCode, latency: float = 0.01) -> None:
+    b.started(replica)
+    b.finished(replica, code, latency)
+
+
 # ---------------------------------------------------------------------------- ejection
 
 

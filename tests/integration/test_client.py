@@ -105,7 +105,11 @@ def test_search_returns_typed_results(client: Client, indexed: list[str]) -> Non
     assert best.doc_id == "keys/rotation.md"
     assert best.title == "Rotating API keys" and "mint a new key" in best.text
     assert best.metadata == {"team": "keys"} and best.chunk_id
-    assert best.score == (best.rerank_score if response.reranked else best.fused_score)
+    # The score a caller sees is the one that ordered the results (issue 26), whichever rule did.
+    scores = [r.score for r in response.results]
+    assert scores == sorted(scores, reverse=True)
+    if not response.reranked:
+        assert [r.score for r in response.results] == [r.fused_score for r in response.results]
     filtered = client.search(COLLECTION, QUESTION, filter={"team": "ops"})
     assert {r.doc_id for r in filtered.results} == {"backups.md"}
     assert filtered.results[0].source_uri.startswith("file://")

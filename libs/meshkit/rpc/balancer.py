@@ -46,6 +46,7 @@ from meshkit.rpc.metrics import (
 
 # Answers that say "this replica is unwell" (the others say something about the request).
 EJECTING_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+READY = grpc.ChannelConnectivity.READY
 _CONNECTING = frozenset({grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.CONNECTING})
 
 
@@ -80,8 +81,9 @@ class Replica:
         self.ewma_s: float | None = None
         self.samples = 0
         self.failures = 0
-        # > 0 while ejected: when the ejection ends.
+        # > 0 while ejected: when the ejection ends; and why ("failures" or "latency").
         self.ejected_until = 0.0
+        self.ejected_for = ""
         self.probing = False
         self.strikes = 0
         self.released_at = -math.inf
@@ -103,6 +105,10 @@ class Replica:
     def takes_calls(self) -> bool:
         """Not ejected; on probation only while its one probe is not out."""
         return not self.ejected_until and (not self.probing or self.in_flight == 0)
+
+    def alive(self) -> bool:
+        """Not ejected for failing: a slow replica, or one on probation, still answers."""
+        return self.ejected_for != "failures"
 
     def connectivity(self) -> grpc.ChannelConnectivity:
         """The channel's state; asks an idle or failed channel to (re)connect."""
@@ -163,17 +169,30 @@ class Balancer:
             self._release(replica, now)
         usable = [r for r in self.replicas if r.takes_calls()]
         fresh = [r for r in usable if r not in tried]
-        pool = self._connected(fresh) or self._connected(usable) or fresh or usable or self.replicas
+        # A replica that is down is the last choice: a slow or probing one that is connected
+        # answers, where a call to a dead one only fails.
+        alive = [r for r in self.replicas if r.alive()]
+        pool = (
+            self._connected(fresh)
+            or self._ready(usable)
+            or self._ready([r for r in alive if r not in tried])
+            or self._ready(alive)
+            or self._connected(usable)
+            or fresh
+            or usable
+            or self.replicas
+        )
         chosen = min(pool, key=self._load)
         self._next = (chosen.index + 1) % len(self.replicas)
         return chosen
 
     def others_ready(self, replica: Replica) -> bool:
-        """Whether a replica other than ``replica`` takes calls and is connected."""
-        return any(
-            r is not replica and r.takes_calls() and r.connectivity() == grpc.ChannelConnectivity.READY
-            for r in self.replicas
-        )
+        """Whether a replica other than ``replica`` is connected and not ejected for failing."""
+        return any(r is not replica and r.alive() and r.connectivity() == READY for r in self.replicas)
+
+    @staticmethod
+    def _ready(replicas: list[Replica]) -> list[Replica]:
+        return [r for r in replicas if r.connectivity() == READY]
 
     def _load(self, replica: Replica) -> tuple[int, int]:
         # Fewest in flight; among equals, the next in turn after the last one picked.
@@ -255,6 +274,7 @@ class Balancer:
         replica.strikes += 1
         period = min(config.base_ejection_s * 2 ** (replica.strikes - 1), config.max_ejection_s)
         replica.ejected_until = now + period
+        replica.ejected_for = reason
         replica.probing = False
         replica.failures = 0
         replica.ejected_gauge.set(1)
@@ -264,6 +284,7 @@ class Balancer:
         """An ejection that is over: probation, with a fresh latency average."""
         if replica.ejected_until and now >= replica.ejected_until:
             replica.ejected_until = 0.0
+            replica.ejected_for = ""
             replica.probing = True
             replica.released_at = now
             replica.ewma_s = None
