@@ -15,8 +15,8 @@ and disk per chunk of the index and sparse processes, the bytes and seconds of a
 it. Progress goes to stderr; ``--json`` prints only one JSON line per size on stdout, otherwise
 tables follow. Raw results: bench/results/size.json.
 
-The sparse service has replicas but no shards today: one sparse runs (``sparse_shards: 1``);
-``--sparse-shards N`` is for a stack that takes ``sparse_shards`` and is refused until then.
+The stack runs ``--index-shards`` index shards and ``--sparse-shards`` sparse shards (2 and 2 by
+default, the issue's layout); a document's sparse chunks live on its document's shard.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import inspect
 import json
 import os
 import shlex
@@ -83,11 +82,6 @@ def parse_sizes(text: str) -> list[int]:
     if not sizes:
         raise argparse.ArgumentTypeError("give at least one size")
     return sorted(sizes)
-
-
-def stack_has_sparse_shards() -> bool:
-    """Whether ``Stack`` takes ``sparse_shards`` (sparse sharding is not in the stack yet)."""
-    return "sparse_shards" in inspect.signature(Stack.__init__).parameters
 
 
 def shard_names(stack: Stack, kind: str, shard_env: str) -> list[str]:
@@ -202,7 +196,6 @@ class Bench:
         mesh = Mesh(
             stack,
             shard_names(stack, "index", "RAGMESH_INDEX_SHARD"),
-            # A sharded sparse store would name its shard like the index (RAGMESH_SPARSE_SHARD).
             shard_names(stack, "sparse", "RAGMESH_SPARSE_SHARD"),
         )
         try:
@@ -314,7 +307,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--write-doc", action="store_true", help=f"(re)write {DOC} and {PLOTS}/*.png")
     p.add_argument("--vectors", choices=("clustered", "random"), default="clustered")
     p.add_argument("--index-shards", type=int, default=2)
-    p.add_argument("--sparse-shards", type=int, default=1, help="1 until the stack can shard sparse")
+    p.add_argument("--sparse-shards", type=int, default=2)
     p.add_argument("--queries", type=int, default=200, help="queries per measurement (default 200)")
     p.add_argument("--throughput-calls", type=int, default=400, help="searches of the c=8 run")
     p.add_argument("--clusters", type=int, default=2000, help="Gaussian clusters (topics) of the vectors")
@@ -354,25 +347,19 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.sparse_shards < 1 or args.index_shards < 1:
         parser().error("shard counts must be >= 1")
-    if args.sparse_shards > 1 and not stack_has_sparse_shards():
-        parser().error(
-            "the sparse service has replicas but no shards yet (Stack takes no sparse_shards): "
-            "run with --sparse-shards 1"
-        )
     command = "python -m bench.size_bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     started = time.perf_counter()
     loadavg_start = [round(x, 2) for x in os.getloadavg()]
     scratch = None if args.state_dir else Path(tempfile.mkdtemp(prefix="ragmesh-size-bench-"))
     state_dir = args.state_dir or scratch
     assert state_dir is not None
-    extra: dict[str, Any] = {"sparse_shards": args.sparse_shards} if args.sparse_shards > 1 else {}
     stack = Stack(
         state_dir,
         workers=0,
         index_shards=args.index_shards,
         services=SERVICES,
         health_timeout_s=600.0,
-        **extra,
+        sparse_shards=args.sparse_shards,
     )
     bench = Bench(args, stack)
     stopped = None

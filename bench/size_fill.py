@@ -1,7 +1,8 @@
 """The size bench's filler: synthetic documents straight into the stores' write RPCs, as the
 ingestion workers write them (services/ingestion/pipeline.py): one ``ReplaceDocuments`` per index
 shard per batch of documents (each shard gets its own chunks, by meshkit.domain.ids.shard_of, and every
-document's replacement, so stale chunks go wherever they are), and one per sparse shard, all of a
+document's replacement, so stale chunks go wherever they are), and one per sparse shard that owns
+some of the batch's documents (a document goes whole to meshkit.domain.ids.document_shard), all of a
 batch in parallel, a few batches in flight. Each document carries its title, source URI and
 metadata (``DocumentSource``), each chunk its text and location, and a fence (its version + 1).
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.size_corpus import Document, ExactIndex, SyntheticCorpus
-from meshkit.domain.ids import shard_of
+from meshkit.domain.ids import document_shard, shard_of
 from ragmesh.common.v1 import common_pb2
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
@@ -140,10 +141,17 @@ def index_requests(
 
 def sparse_requests(
     collection: str, parts: Sequence[Part], shards: int
-) -> list[sparse_pb2.ReplaceDocumentsRequest]:
-    """As index_requests, for the sparse store's shards."""
-    per_shard = _replacements(parts, shards, collection, _sparse_chunk, sparse_pb2.DocumentReplacement)
-    return [sparse_pb2.ReplaceDocumentsRequest(collection=collection, documents=d) for d in per_shard]
+) -> list[sparse_pb2.ReplaceDocumentsRequest | None]:
+    """As index_requests, for the sparse store's shards: a document goes whole to the shard that
+    owns it (meshkit.domain.ids.document_shard); a shard that owns none of the batch gets none."""
+    per_shard: list[list[sparse_pb2.DocumentReplacement]] = [[] for _ in range(shards)]
+    whole = _replacements(parts, 1, collection, _sparse_chunk, sparse_pb2.DocumentReplacement)[0]
+    for document in whole:
+        per_shard[document_shard(document.doc_id, shards)].append(document)
+    return [
+        sparse_pb2.ReplaceDocumentsRequest(collection=collection, documents=d) if d else None
+        for d in per_shard
+    ]
 
 
 class Filler:
@@ -224,10 +232,11 @@ class Filler:
         calls += [
             timed(stub.ReplaceDocuments(r, timeout=WRITE_TIMEOUT_S))
             for stub, r in zip(self.sparse, to_sparse, strict=True)
+            if r is not None
         ]
         times = await asyncio.gather(*calls)
         stats.index_wait_s += max(times[: len(self.index)])
-        stats.sparse_wait_s += max(times[len(self.index) :])
+        stats.sparse_wait_s += max(times[len(self.index) :], default=0.0)
         stats.batches += 1
 
     async def fill(self, target: int, deadline: float | None = None) -> FillStats:

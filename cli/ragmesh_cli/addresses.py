@@ -5,42 +5,52 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from meshkit.rpc.addresses import grpc_target
 from meshkit.settings import MeshSettings
 from ragmesh_cli.state import read_state
 
+# The stores whose address setting lists shards (a|b,c): a command reaches their first shard.
+SHARDED = {"index": "index_addresses", "sparse": "sparse_addresses"}
+
 
 def address_env(component: str) -> str:
     """The environment variable that overrides a component's address."""
-    return "RAGMESH_INDEX_ADDRESSES" if component == "index" else f"RAGMESH_{component.upper()}_ADDRESS"
+    field_name = SHARDED.get(component, f"{component}_address")
+    return f"RAGMESH_{field_name.upper()}"
 
 
 def resolve_address(component: str, state_dir: Path) -> str:
     """The env override, else the running stack's record, else the settings' default, as a gRPC
-    target over every replica (balanced round-robin). The index is its first shard (with its
-    replicas)."""
+    target over every replica (balanced round-robin). A sharded store (index, sparse) is its
+    first shard (with its replicas)."""
+    sharded = component in SHARDED
     override = os.environ.get(address_env(component), "")
-    override = first_shard(override) if component == "index" else override
+    override = first_shard(override) if sharded else override
     if override.strip():
         return grpc_target(override)
-    name = "index-0" if component == "index" else component
     replicas = [
         f"127.0.0.1:{comp['ports']['main']}"
         for comp in (read_state(state_dir) or {}).get("components", [])
-        if comp["name"] == name or (component != "index" and comp.get("kind") == component)
+        if comp.get("kind", comp["name"]) == component and _first_shard_replica(comp, sharded)
     ]
     if replicas:
         return grpc_target(",".join(replicas))
-    field_name = "index_addresses" if component == "index" else f"{component}_address"
-    default = MeshSettings.model_fields.get(field_name)
+    default = MeshSettings.model_fields.get(SHARDED.get(component, f"{component}_address"))
     if default is None:
         raise RuntimeError(f"no {component} address: start the stack or set {address_env(component)}")
     value = str(default.default)
-    return grpc_target(first_shard(value) if component == "index" else value)
+    return grpc_target(first_shard(value) if sharded else value)
+
+
+def _first_shard_replica(component: dict[str, Any], sharded: bool) -> bool:
+    kind = str(component.get("kind", component["name"]))
+    return not sharded or component.get("env", {}).get(f"RAGMESH_{kind.upper()}_SHARD", "0") == "0"
 
 
 def first_shard(index_addresses: str) -> str:
-    """Shard 0 of an index_addresses setting, its replicas (a|b) as a comma list."""
+    """Shard 0 of an index_addresses (or sparse_addresses) setting, its replicas (a|b) as a comma
+    list."""
     first = index_addresses.split(",")[0]
     return ",".join(r.strip() for r in first.split("|") if r.strip())

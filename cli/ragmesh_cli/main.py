@@ -80,6 +80,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         state_dir,
         workers=ingest_workers if ingest_workers is not None else recorded.get("workers", 1),
         index_shards=args.index_shards if args.index_shards is not None else recorded.get("index_shards", 1),
+        sparse_shards=args.sparse_shards
+        if args.sparse_shards is not None
+        else recorded.get("sparse_shards", 1),
         services=[s.strip() for s in services if s.strip()],
         health_timeout_s=args.health_timeout,
         replicas=replicas if replicas is not None else recorded.get("replicas", {}),
@@ -324,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
         "replicas kept identical by their replicated log in NATS",
     )
     up.add_argument("--index-shards", type=int, default=None, help="index shards (default 1)")
+    up.add_argument(
+        "--sparse-shards", type=int, default=None, help="sparse (BM25 + exact) shards (default 1)"
+    )
     up.add_argument("--services", default=None, help=f"comma separated subset of {','.join(ALL_SERVICES)}")
     up.add_argument(
         "--health-timeout", type=float, default=60.0, help="seconds each process gets to be healthy"

@@ -9,9 +9,11 @@ from meshkit.core.errors import ServiceError
 from meshkit.domain.ids import (
     MAX_COLLECTION_CHARS,
     MAX_DOC_ID_CHARS,
+    bucket_of,
     chunk_id_for,
     doc_id_problem,
     doc_key,
+    document_shard,
     shard_of,
     validate_chunk_id,
     validate_collection,
@@ -169,3 +171,14 @@ def test_doc_key_is_kv_safe_and_distinct() -> None:
     assert all(ch.isalnum() or ch in "._-" for ch in key)
     assert key != doc_key("docs", "a/b c:d")
     assert key == doc_key("docs", "a/b c:d?")
+
+
+def test_document_shard_follows_the_bucket_and_spreads_documents() -> None:
+    docs = [f"guide/page-{i}.md" for i in range(6000)]
+    for count in (1, 2, 3):
+        tally = collections.Counter(document_shard(d, count) for d in docs)
+        assert set(tally) == set(range(count))
+        assert all(abs(n - len(docs) / count) < 0.1 * len(docs) / count for n in tally.values()), tally
+    # A bucket moves as one: every document of a bucket is on the same shard.
+    assert all(document_shard(d, 4) == bucket_of(d) % 4 for d in docs[:100])
+    assert document_shard("a.md", 0) == 0

@@ -143,3 +143,16 @@ def test_default_embedder_tokenizer_matches_pinned_sha256() -> None:
     assert tokenizer.is_file(), tokenizer
     assert sha256_file(tokenizer) == settings.embedder_tokenizer_sha256
     assert IngestionSettings().ingest_tokenizer_path == settings.embedder_tokenizer_path
+
+
+def test_sparse_addresses_take_the_index_form() -> None:
+    settings = MeshSettings(sparse_addresses="a:1|a:2,b:1")
+    assert settings.sparse_address_list() == ["a:1,a:2", "b:1"]
+    assert MeshSettings().sparse_address_list() == ["127.0.0.1:50053"]
+
+
+def test_a_renamed_variable_is_refused_not_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ignored, it would leave every process dialling the default sparse address.
+    monkeypatch.setenv("RAGMESH_SPARSE_ADDRESS", "sparse:50051")
+    with pytest.raises(ValueError, match="RAGMESH_SPARSE_ADDRESS was renamed to RAGMESH_SPARSE_ADDRESSES"):
+        MeshSettings()

@@ -17,6 +17,11 @@ from services.gateway.degradations import EMBEDDER, PLANNER, SPARSE
 from services.gateway.rerank import RERANKER
 
 
+def sparse_name(shard: int, shard_count: int) -> str:
+    """A sparse shard's name in degradations and metrics: "sparse" while there is one."""
+    return SPARSE if shard_count == 1 else f"{SPARSE}-{shard}"
+
+
 class Backends:
     """The guarded clients of every downstream the gateway calls."""
 
@@ -25,13 +30,14 @@ class Backends:
         planner: Downstream[planner_pb2_grpc.PlannerServiceStub],
         embedder: Downstream[embedder_pb2_grpc.EmbedderServiceStub],
         shards: Sequence[Downstream[index_pb2_grpc.IndexServiceStub]],
-        sparse: Downstream[sparse_pb2_grpc.SparseServiceStub],
+        sparse_shards: Sequence[Downstream[sparse_pb2_grpc.SparseServiceStub]],
         reranker: Downstream[reranker_pb2_grpc.RerankerServiceStub] | None = None,
     ) -> None:
         self.planner = planner
         self.embedder = embedder
         self.shards = list(shards)
-        self.sparse = sparse
+        # A document's chunks all live on sparse shard meshkit.domain.ids.document_shard(doc_id, n).
+        self.sparse_shards = list(sparse_shards)
         # None: no reranker tier is deployed (reranker_address is empty).
         self.reranker = reranker
 
@@ -39,6 +45,7 @@ class Backends:
     def from_settings(cls, settings: GatewaySettings) -> Backends:
         policy = ClientPolicy.from_settings(settings)
         size = settings.max_message_bytes
+        sparse = settings.sparse_address_list()
         return cls(
             Downstream(PLANNER, settings.planner_address, planner_pb2_grpc.PlannerServiceStub, policy, size),
             Downstream(
@@ -48,7 +55,12 @@ class Backends:
                 Downstream(f"index-{i}", address, index_pb2_grpc.IndexServiceStub, policy, size)
                 for i, address in enumerate(settings.index_address_list())
             ],
-            Downstream(SPARSE, settings.sparse_address, sparse_pb2_grpc.SparseServiceStub, policy, size),
+            [
+                Downstream(
+                    sparse_name(i, len(sparse)), address, sparse_pb2_grpc.SparseServiceStub, policy, size
+                )
+                for i, address in enumerate(sparse)
+            ],
             Downstream(
                 RERANKER, settings.reranker_address, reranker_pb2_grpc.RerankerServiceStub, policy, size
             )
@@ -57,7 +69,7 @@ class Backends:
         )
 
     async def close(self) -> None:
-        downstreams: list[Downstream[Any]] = [self.planner, self.embedder, *self.shards, self.sparse]
+        downstreams: list[Downstream[Any]] = [self.planner, self.embedder, *self.shards, *self.sparse_shards]
         if self.reranker is not None:
             downstreams.append(self.reranker)
         for downstream in downstreams:

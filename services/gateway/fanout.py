@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2
-from ragmesh.sparse.v1 import sparse_pb2
+from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.gateway import metrics
 from services.gateway.backends import Backends
 from services.gateway.collections import check_query_embedder
@@ -41,7 +41,13 @@ from services.gateway.degradations import (
     SPARSE,
     Degradations,
 )
-from services.gateway.fusion import Hit, combine_variations, merge_by_score
+from services.gateway.fusion import (
+    Hit,
+    combine_variations,
+    merge_by_score,
+    merge_shard_lists,
+    reported_everywhere,
+)
 from services.gateway.hydration import chunk_text
 from services.gateway.inflight import Calls, Job
 from services.gateway.metrics import ms
@@ -72,10 +78,17 @@ class Found:
     dense_hits: dict[int, list[list[Hit]]] = field(default_factory=dict)
     # Dense hits of texts searched after the fan-out (a supplementary HyDE passage).
     extra_dense: list[list[Hit]] = field(default_factory=list)
+    # BM25 or exact -> each answering sparse shard's hits; one list per leg once collected.
+    sparse_hits: dict[str, list[list[Hit]]] = field(default_factory=dict)
     # The first hits' texts, sent with them: hydration then only asks for the rest.
     texts: dict[str, sparse_pb2.ChunkText] = field(default_factory=dict)
     # The BM25 leg's words of the query no document holds, and those of them no indexed word
-    # is one edit from (see sparse's SearchBm25Response).
+    # is one edit from (see sparse's SearchBm25Response): each answering shard's, and once
+    # collected the words every shard reported (none unless every shard answered: the one that
+    # did not may hold them). A shard without the collection answers with every word.
+    unknown_by_shard: list[list[str]] = field(default_factory=list)
+    novel_by_shard: list[list[str]] = field(default_factory=list)
+    bm25_settled: int = 0
     unknown_terms: list[str] = field(default_factory=list)
     novel_terms: list[str] = field(default_factory=list)
     attempted: set[str] = field(default_factory=set)
@@ -168,8 +181,8 @@ class Legs:
                 self.found.texts.setdefault(stored.chunk_id, chunk_text(stored))
         return [hits_of(reply.hits) for reply in answered]
 
-    async def bm25(self) -> list[Hit]:
-        sparse, params = self.backends.sparse, self.params
+    async def bm25(self, sparse: Downstream[sparse_pb2_grpc.SparseServiceStub]) -> list[Hit]:
+        params = self.params
         request = sparse_pb2.SearchBm25Request(
             collection=params.collection,
             query=params.query,
@@ -179,13 +192,13 @@ class Legs:
             with_text=self.texts_wanted,
         )
         reply = await sparse.call(sparse.stub.SearchBm25, request, timeout=self.left(), idempotent=True)
-        self.found.unknown_terms = list(reply.unknown_terms)
-        self.found.novel_terms = list(reply.novel_terms)
+        self.found.unknown_by_shard.append(list(reply.unknown_terms))
+        self.found.novel_by_shard.append(list(reply.novel_terms))
         self.found.texts.update((chunk.chunk_id, chunk) for chunk in reply.chunks)
         return hits_of(reply.hits)
 
-    async def exact(self) -> list[Hit]:
-        sparse, params = self.backends.sparse, self.params
+    async def exact(self, sparse: Downstream[sparse_pb2_grpc.SparseServiceStub]) -> list[Hit]:
+        params = self.params
         request = sparse_pb2.SearchExactRequest(
             collection=params.collection,
             keywords=list(self.plan.hard_keywords),
@@ -257,9 +270,7 @@ class Fanout:
         if params.enabled(BM25) and not self.early_query:
             self._start_bm25()
         if params.enabled(EXACT) and plan.hard_keywords:
-            self.found.attempted.add(EXACT)
-            job = Job(EXACT, SPARSE, legs.backends.sparse.target, (EXACT,))
-            self.calls.spawn(job, EXACT, time.perf_counter(), legs.exact)
+            self._start_sparse(EXACT, legs.exact)
 
     def _start_dense(self, texts: list[str]) -> None:
         found = self.found
@@ -270,9 +281,16 @@ class Fanout:
         self.calls.spawn(job, "embed", time.perf_counter(), functools.partial(self.legs.embed, texts))
 
     def _start_bm25(self) -> None:
-        self.found.attempted.add(BM25)
-        job = Job(BM25, SPARSE, self.legs.backends.sparse.target, (BM25,))
-        self.calls.spawn(job, BM25, time.perf_counter(), self.legs.bm25)
+        self._start_sparse(BM25, self.legs.bm25)
+
+    def _start_sparse(self, leg: str, search: Callable[[Any], Awaitable[list[Hit]]]) -> None:
+        """One call per sparse shard: each holds whole documents, so the leg's list is their
+        merge (scores of one query over one kind of index compare across shards)."""
+        self.found.attempted.add(leg)
+        now = time.perf_counter()
+        for sparse in self.legs.backends.sparse_shards:
+            job = Job(leg, SPARSE, sparse.target, (leg,))
+            self.calls.spawn(job, leg, now, functools.partial(search, sparse))
 
     def _start_shards(self, first: int, vectors: list[common_pb2.Vector]) -> None:
         shards = self.legs.backends.shards
@@ -294,10 +312,12 @@ class Fanout:
         """Wait for every call until the leg deadline, then build the dense list."""
         await self.calls.collect(self.legs.deadline)
         found = self.found
-        for leg in (BM25, EXACT):
-            if leg in found.lists:
-                # Early calls asked for the largest pool a plan could want.
-                found.lists[leg] = found.lists[leg][: self.legs.pool]
+        for leg, answers in found.sparse_hits.items():
+            # Early calls asked for the largest pool a plan could want.
+            found.lists[leg] = merge_shard_lists(answers, self.legs.pool)
+        if found.bm25_settled == len(self.legs.backends.sparse_shards):
+            found.unknown_terms = reported_everywhere(found.unknown_by_shard)
+            found.novel_terms = reported_everywhere(found.novel_by_shard)
         if found.dense_hits:
             found.lists[DENSE] = self._dense_list()
 
@@ -312,6 +332,7 @@ class Fanout:
             # The collection has no data there (a shard may hold none of a small collection).
             found.missing += 1
             result: Any = [[] for _ in range(job.count)] if job.kind == "shard" else []
+            found.bm25_settled += job.kind == BM25
         elif isinstance(exc, DownstreamError):
             self.degradations.add_error(job.stage, exc, job.legs)
             return
@@ -319,13 +340,14 @@ class Fanout:
             result = task.result()
             if job.stage != EMBEDDER:
                 found.answered += 1
+            found.bm25_settled += job.kind == BM25
         if job.kind == "embed":
             self._start_shards(job.first, result)
         elif job.kind == "shard":
             for offset, hits in enumerate(result):
                 found.dense_hits.setdefault(job.first + offset, []).append(hits)
         else:
-            found.lists[job.kind] = result
+            found.sparse_hits.setdefault(job.kind, []).append(result)
 
     def _dense_list(self) -> list[Hit]:
         found, pool = self.found, self.legs.pool

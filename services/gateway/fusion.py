@@ -101,6 +101,20 @@ def merge_by_score(lists: Iterable[Sequence[Hit]], limit: int | None = None) -> 
     return sorted(best.values(), key=lambda h: (-h.score, h.chunk_id))[:limit]
 
 
+def merge_shard_lists(answers: Sequence[Sequence[Hit]], limit: int) -> list[Hit]:
+    """One leg's list from its shards' lists; one shard's comes back as it ranked it."""
+    return list(answers[0][:limit]) if len(answers) == 1 else merge_by_score(answers, limit)
+
+
+def reported_everywhere(per_shard: Sequence[Sequence[str]]) -> list[str]:
+    """The words every shard reported, in the first one's order (a word is unknown to the
+    collection only when no shard holds it)."""
+    if not per_shard:
+        return []
+    others = [set(words) for words in per_shard[1:]]
+    return [word for word in per_shard[0] if all(word in seen for seen in others)]
+
+
 def combine_variations(lists: Sequence[Sequence[Hit]], k: float, limit: int, mode: str = "rrf") -> list[Hit]:
     """One dense list out of the lists of several phrasings of the question.
 

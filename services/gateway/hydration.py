@@ -1,14 +1,14 @@
 """Hydration: the text, title, location, source and metadata of a search's results. The legs
-send their first hits' text; the rest comes from sparse, or, when it fails or is late, from the
-index shards' stored payloads (a degradation with fallback ``index_payload``), so answers do not
-depend on one sparse process."""
+send their first hits' text; the rest comes from the sparse shards that hold their documents,
+or, from one that fails or is late, from the index shards' stored payloads (a degradation with
+fallback ``index_payload``), so answers do not depend on one sparse process."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from meshkit.domain.ids import shard_of
+from meshkit.domain.ids import document_shard, shard_of
 from meshkit.rpc.client import DownstreamError
 from ragmesh.index.v1 import index_pb2
 from ragmesh.sparse.v1 import sparse_pb2
@@ -34,32 +34,53 @@ class Hydrator:
         end: float,
     ) -> tuple[list[Fused], dict[str, sparse_pb2.ChunkText]]:
         """Text, title, location, source and metadata of the results: those the legs sent with
-        their hits (``known``), the rest from one GetChunks call to sparse, or, when it fails or
-        is late, one per index shard from their stored payload. Without either the results all
-        go out bare (a partly hydrated list would be reranked and shown inconsistently); chunks
-        deleted since the legs saw them (or without a stored payload) are dropped."""
-        sparse = self.backends.sparse
+        their hits (``known``), the rest from one GetChunks call to each sparse shard that holds
+        some of them, or, for a shard that fails or is late, from the index shards' stored
+        payloads. Without either the results all go out bare (a partly hydrated list would be
+        reranked and shown inconsistently); chunks deleted since the legs saw them (or without a
+        stored payload) are dropped."""
+        sparse_shards = self.backends.sparse_shards
+        owner = {f.chunk_id: document_shard(f.doc_id, len(sparse_shards)) for f in top}
         chunks = {f.chunk_id: known[f.chunk_id] for f in top if f.chunk_id in known}
-        missing = [f.chunk_id for f in top if f.chunk_id not in chunks]
-        if not missing:
-            if chunks and (SPARSE, sparse.target) in degradations.items:
-                # Sparse's legs failed: every text shown is an index payload, as the fallback's.
-                degradations.note_fallback(SPARSE, sparse.target, INDEX_PAYLOAD, INDEX_TEXT)
-            return top, chunks
-        request = sparse_pb2.GetChunksRequest(collection=collection, chunk_ids=missing)
+        missing: dict[int, list[str]] = {}
+        for f in top:
+            if f.chunk_id not in chunks:
+                missing.setdefault(owner[f.chunk_id], []).append(f.chunk_id)
+        # Shards whose legs failed: the texts shown for their documents are index payloads.
+        failed = {n for n, s in enumerate(sparse_shards) if (SPARSE, s.target) in degradations.items}
         timeout = self.sparse_share * (end - time.monotonic())
-        try:
-            reply = await sparse.call(sparse.stub.GetChunks, request, timeout=timeout, idempotent=True)
-        except DownstreamError as exc:
-            degradations.add_error(SPARSE, exc, what="passage text")
-            fetched = await self._index_payloads(collection, missing, end, degradations)
+        shards = list(missing)
+        replies = await asyncio.gather(
+            *(self._sparse_chunks(collection, n, missing[n], timeout) for n in shards), return_exceptions=True
+        )
+        fallback: list[str] = []
+        for number, reply in zip(shards, replies, strict=True):
+            if isinstance(reply, DownstreamError):
+                degradations.add_error(SPARSE, reply, what="passage text")
+                fallback += missing[number]
+            elif isinstance(reply, BaseException):
+                raise reply
+            else:
+                chunks.update((c.chunk_id, c) for c in reply.chunks)
+                failed.discard(number)
+        if fallback:
+            fetched = await self._index_payloads(collection, fallback, end, degradations)
             if fetched is None:
                 return top, {}
-            degradations.note_fallback(SPARSE, sparse.target, INDEX_PAYLOAD, INDEX_TEXT)
-        else:
-            fetched = {c.chunk_id: c for c in reply.chunks}
-        chunks.update(fetched)
+            chunks.update(fetched)
+            failed.update(owner[chunk_id] for chunk_id in fallback)
+        for number in sorted(failed):
+            if any(owner[chunk_id] == number for chunk_id in chunks):
+                target = sparse_shards[number].target
+                degradations.note_fallback(SPARSE, target, INDEX_PAYLOAD, INDEX_TEXT)
         return [f for f in top if f.chunk_id in chunks], chunks
+
+    async def _sparse_chunks(
+        self, collection: str, number: int, chunk_ids: list[str], timeout: float
+    ) -> sparse_pb2.GetChunksResponse:
+        sparse = self.backends.sparse_shards[number]
+        request = sparse_pb2.GetChunksRequest(collection=collection, chunk_ids=chunk_ids)
+        return await sparse.call(sparse.stub.GetChunks, request, timeout=timeout, idempotent=True)
 
     async def _index_payloads(
         self, collection: str, ids: list[str], end: float, degradations: Degradations

@@ -28,14 +28,15 @@ from prometheus_client import Counter, Histogram
 
 from meshkit.core.errors import ServiceError
 from meshkit.domain.collections import CollectionRegistry, EmbedderIdentity, RecordConflict
-from meshkit.domain.ids import chunk_id_for, sha256_hex, shard_of
+from meshkit.domain.ids import chunk_id_for, document_shard, sha256_hex, shard_of
 from meshkit.rpc import tracing
+from meshkit.rpc.client import Downstream
 from meshkit.settings import IngestionSettings
 from meshkit.storage.objectstore import ObjectNotFound, ObjectStore
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2
 from ragmesh.index.v1 import index_pb2
-from ragmesh.sparse.v1 import sparse_pb2
+from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
 from services.ingestion.chunking import ChunkDraft, Chunker
 from services.ingestion.events import IngestEvent
 from services.ingestion.jobs import Job, JobFailure, PreparedChunk, Settle, failure_of
@@ -373,7 +374,24 @@ class IngestPipeline:
             await self._embed_batch(pending[i : i + size])
 
     async def _replace_in_sparse(self, collection: str, jobs: list[Job]) -> set[str]:
-        sparse = self.stores.sparse
+        """Every document on the sparse shard that owns it, the shards written concurrently."""
+        shards = self.stores.sparse_shards
+        owned: dict[int, list[Job]] = {}
+        for job in jobs:
+            owned.setdefault(document_shard(job.event.doc_id, len(shards)), []).append(job)
+        results = await asyncio.gather(
+            *(self._replace_on_sparse_shard(shards[n], collection, group) for n, group in owned.items()),
+            return_exceptions=True,
+        )
+        # Every shard's call is over before a failure is reported: none is left running unseen.
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return set().union(*(r for r in results if not isinstance(r, BaseException)))
+
+    async def _replace_on_sparse_shard(
+        self, sparse: Downstream[sparse_pb2_grpc.SparseServiceStub], collection: str, jobs: list[Job]
+    ) -> set[str]:
         documents = [self._sparse_replacement(job, resend=set()) for job in jobs]
         request = sparse_pb2.ReplaceDocumentsRequest(collection=collection, documents=documents)
         reply = await sparse.call(

@@ -1,5 +1,5 @@
 """The downstream services one ingestion worker writes to: the embedder, every index shard and
-the sparse store, as ``meshkit.rpc.client.Downstream`` clients built from the settings.
+every sparse shard, as ``meshkit.rpc.client.Downstream`` clients built from the settings.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ class Stores:
         self,
         embedder: Downstream[embedder_pb2_grpc.EmbedderServiceStub],
         shards: Sequence[Downstream[index_pb2_grpc.IndexServiceStub]],
-        sparse: Downstream[sparse_pb2_grpc.SparseServiceStub],
+        sparse_shards: Sequence[Downstream[sparse_pb2_grpc.SparseServiceStub]],
     ) -> None:
         self.embedder = embedder
         self.shards = list(shards)
-        self.sparse = sparse
+        # A document goes to sparse shard meshkit.domain.ids.document_shard(doc_id, n).
+        self.sparse_shards = list(sparse_shards)
 
     @classmethod
     def from_settings(cls, settings: IngestionSettings) -> Stores:
@@ -36,10 +37,13 @@ class Stores:
                 Downstream(f"index-{i}", address, index_pb2_grpc.IndexServiceStub, policy)
                 for i, address in enumerate(settings.index_address_list())
             ],
-            Downstream("sparse", settings.sparse_address, sparse_pb2_grpc.SparseServiceStub, policy),
+            [
+                Downstream(f"sparse-{i}", address, sparse_pb2_grpc.SparseServiceStub, policy)
+                for i, address in enumerate(settings.sparse_address_list())
+            ],
         )
 
     async def close(self) -> None:
-        downstreams: list[Downstream[Any]] = [self.embedder, *self.shards, self.sparse]
+        downstreams: list[Downstream[Any]] = [self.embedder, *self.shards, *self.sparse_shards]
         for downstream in downstreams:
             await downstream.close()

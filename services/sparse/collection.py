@@ -1,10 +1,12 @@
 """One collection of the sparse service: a tantivy index (BM25 over title and body, plus a
-lower-cased unstemmed copy for exact phrases), the chunk text files that ripgrep scans, and the
-replication state (fences, log position) and each document's source URI and metadata (indexed for
-metadata filters, meshkit.domain.metadata) in SQLite.
+lower-cased unstemmed copy for exact phrases), in ripgrep mode the chunk text files that ripgrep
+scans, and the replication state (fences, log position) and each document's source URI and
+metadata (indexed for metadata filters, meshkit.domain.metadata) in SQLite.
 
-Layout under ``<data_dir>/<collection>/``: ``index/`` holds tantivy's files, ``chunks/<2 hex>/
-<chunk_id>.txt`` the text, ``state.sqlite`` the fences and log position. tantivy's commit is the
+Layout under ``<data_dir>/<collection>/``: ``index/`` holds tantivy's files (the chunk text is a
+stored field), ``chunks/<2 hex>/<chunk_id>.txt`` the text for ripgrep (that mode only; rebuilt
+from the index when ``chunks/.complete`` is missing), ``state.sqlite`` the fences and log
+position. tantivy's commit is the
 point of truth: files are written before it and removed after it, so a crash can only leave
 extra files, which readers drop by checking the chunk ids against the committed index. The
 state is written right after the commit: a crash in between leaves it one entry behind, and
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -34,7 +37,7 @@ from tantivy import Occur, Query
 
 from meshkit.replication.records import DocumentEntry, ReplaceResult
 from meshkit.text.answering import content_word_list
-from services.sparse.chunk_files import ChunkFiles
+from services.sparse.chunk_files import ChunkFiles, NoChunkFiles
 from services.sparse.deadlines import check_deadline
 from services.sparse.records import (
     ChunkRecord,
@@ -89,13 +92,17 @@ class Collection:
     """One collection's index and files. Writes are serialised by a lock (tantivy allows one
     writer per index); searches run concurrently on searcher snapshots."""
 
-    def __init__(self, root: Path, name: str, heap_bytes: int, title_boost: float) -> None:
+    def __init__(
+        self, root: Path, name: str, heap_bytes: int, title_boost: float, chunk_files: bool = True
+    ) -> None:
         self.name = name
         self.dir = root / name
         self.index_dir = self.dir / "index"
         self.index_dir.mkdir(parents=True, exist_ok=True)
-        self.files = ChunkFiles(self.dir / "chunks")
-        self.files.root.mkdir(exist_ok=True)
+        files_dir = self.dir / "chunks"
+        self.files = ChunkFiles(files_dir) if chunk_files else NoChunkFiles(files_dir)
+        if chunk_files:
+            self.files.root.mkdir(exist_ok=True)
         self._heap_bytes = heap_bytes
         self._title_boost = title_boost
         self._index = tantivy.Index(SCHEMA, path=str(self.index_dir), reuse=True)
@@ -109,9 +116,21 @@ class Collection:
         return (root / name / "index" / "meta.json").is_file()
 
     @classmethod
-    def open(cls, root: Path, name: str, heap_bytes: int, title_boost: float) -> Collection:
-        """Open (or create) a collection and drop the chunk files a crash left behind."""
-        collection = cls(root, name, heap_bytes, title_boost)
+    def open(
+        cls, root: Path, name: str, heap_bytes: int, title_boost: float, chunk_files: bool = True
+    ) -> Collection:
+        """Open (or create) a collection. With ``chunk_files`` (ripgrep mode): write the files a
+        restored or phrase-mode collection lacks, and drop those a crash left behind; without:
+        remove the files an earlier ripgrep mode left."""
+        collection = cls(root, name, heap_bytes, title_boost, chunk_files)
+        if not chunk_files:
+            if (collection.dir / "chunks").exists():
+                shutil.rmtree(collection.dir / "chunks")
+                log.info("removed the chunk files of the ripgrep mode", extra={"collection": name})
+            return collection
+        if not collection.files.complete_marker.exists():
+            written = collection.write_chunk_files()
+            log.info("chunk files written from the index", extra={"collection": name, "files": written})
         orphans = collection.sweep_orphan_files()
         if orphans:
             log.info("removed orphan chunk files", extra={"collection": name, "files": orphans})
@@ -268,14 +287,15 @@ class Collection:
 
     def write_chunk_files(self) -> int:
         """Write the chunk file of every committed chunk (after a restore: files are not in
-        snapshots, the index holds their text)."""
+        snapshots, the index holds their text), then mark the files complete."""
         with self._write_lock:
             searcher = self._index.searcher()
             total = int(searcher.num_docs)
-            if not total:
-                return 0
-            hits = searcher.search(Query.all_query(), limit=total, count=False).hits
-            self.files.write(to_record(searcher.doc(address)) for _score, address in hits)
+            if total:
+                hits = searcher.search(Query.all_query(), limit=total, count=False).hits
+                self.files.write(to_record(searcher.doc(address)) for _score, address in hits)
+            self.files.root.mkdir(parents=True, exist_ok=True)
+            self.files.complete_marker.touch()
             return total
 
     # --- reads ---

@@ -10,8 +10,14 @@ from dataclasses import dataclass
 
 from grpc import aio
 
-from meshkit.core.errors import deadline_exceeded, invalid_argument, resource_exhausted
-from meshkit.domain.ids import document_page, validate_chunk_id, validate_collection, validate_doc_id
+from meshkit.core.errors import deadline_exceeded, failed_precondition, invalid_argument, resource_exhausted
+from meshkit.domain.ids import (
+    document_page,
+    document_shard,
+    validate_chunk_id,
+    validate_collection,
+    validate_doc_id,
+)
 from meshkit.domain.metadata import InvalidFilter, clauses_from_pb, source_problem
 from meshkit.replication.log import write_timeout
 from meshkit.rpc.identity import GATEWAY, INGESTION_WORKER, OPS, Callers, allow
@@ -76,7 +82,7 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
             raise invalid_argument("give chunk_ids and/or doc_ids to delete")
         self._check_count("chunk_ids + doc_ids", len(request.chunk_ids) + len(request.doc_ids))
         chunk_ids = [validate_chunk_id(c) for c in request.chunk_ids]
-        doc_ids = [validate_doc_id(d) for d in request.doc_ids]
+        doc_ids = [self._owned(validate_doc_id(d), "doc_ids") for d in request.doc_ids]
         delete = sparse_pb2.DeleteRequest(collection=name, chunk_ids=chunk_ids, doc_ids=doc_ids)
         removed = await self.store.delete(delete, self._timeout(context))
         return sparse_pb2.DeleteResponse(removed=removed)
@@ -289,7 +295,7 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
         seen_chunks: set[str] = set()
         updates = []
         for document in documents:
-            doc_id = validate_doc_id(document.doc_id)
+            doc_id = self._owned(validate_doc_id(document.doc_id), "documents")
             if doc_id in seen_docs:
                 raise invalid_argument(f"doc_id {doc_id!r} is listed twice")
             seen_docs.add(doc_id)
@@ -301,6 +307,17 @@ class SparseServicer(sparse_pb2_grpc.SparseServiceServicer):
                 seen_chunks.add(chunk_id)
             updates.append(DocumentUpdate(doc_id, upserts, keeps, document.fence, _source(document)))
         return updates
+
+    def _owned(self, doc_id: str, where: str) -> str:
+        """A document this shard owns: a writer that places it elsewhere has another layout."""
+        count = self.store.shard_count
+        owner = document_shard(doc_id, count)
+        if owner != self.store.shard:
+            raise failed_precondition(
+                f"{where}: document {doc_id!r} belongs to sparse shard {owner} of {count}, "
+                f"this is shard {self.store.shard}"
+            )
+        return doc_id
 
     def _chunk_record(self, doc_id: str, chunk: sparse_pb2.ChunkText) -> ChunkRecord:
         chunk_id = validate_chunk_id(chunk.chunk_id)

@@ -3,8 +3,14 @@ positions, quarantine and restores are meshkit.replication.store's), and their s
 store (``sparse/<collection>/``), from which a replica with an empty disk comes back.
 
 Writes: the RPC appends its request (the ReplaceDocuments or Delete request itself, a part of
-it when it is big) to the log ``ragmesh.log.sparse.0`` and waits until this replica has applied
-it; every replica applies every entry in log order. Reads are local.
+it when it is big) to its shard's log ``ragmesh.log.sparse.<shard>`` and waits until this replica
+has applied it; every replica of the shard applies every entry in log order. Reads are local.
+
+Sharding: a document and all its chunks live on shard ``document_shard(doc_id, count)``
+(meshkit.domain.ids). Entries of a layout with more than one shard carry the shard count, and a
+replica refuses entries written for another count, as the index does: the subject is per shard
+number, and a log written before the count changed holds documents this layout places elsewhere.
+Snapshots of such a layout live under ``sparse/shard-<i>-of-<n>/``.
 """
 
 from __future__ import annotations
@@ -35,23 +41,42 @@ from services.sparse.state import STATE_FILE
 
 log = logging.getLogger(__name__)
 
-# The sparse store is not sharded: one log subject.
-SPARSE_SHARD = 0
 _OP_REPLACE = b"R"
 _OP_DELETE = b"D"
+# Prefix of an entry written by a layout of more than one shard: the count follows (2 bytes).
+# One-shard entries carry none, as every entry did before sparse was sharded.
+_OP_LAYOUT = b"N"
 _SNAPSHOT_WORK = ".snapshots"
 
 
 def data_dir(settings: SparseSettings) -> Path:
-    return settings.sparse_data_dir or settings.state_dir / "sparse"
+    if settings.sparse_data_dir:
+        return settings.sparse_data_dir
+    name = "sparse" if settings.sparse_shard_count == 1 else f"sparse-{settings.sparse_shard}"
+    return settings.state_dir / name
 
 
-def encode_replace(request: sparse_pb2.ReplaceDocumentsRequest) -> bytes:
-    return _OP_REPLACE + request.SerializeToString()
+def snapshot_prefix(shard: int, shard_count: int) -> str:
+    return "sparse/" if shard_count == 1 else f"sparse/shard-{shard}-of-{shard_count}/"
 
 
-def encode_delete(request: sparse_pb2.DeleteRequest) -> bytes:
-    return _OP_DELETE + request.SerializeToString()
+def _layout(shard_count: int) -> bytes:
+    return b"" if shard_count == 1 else _OP_LAYOUT + shard_count.to_bytes(2, "big")
+
+
+def encode_replace(request: sparse_pb2.ReplaceDocumentsRequest, shard_count: int = 1) -> bytes:
+    return _layout(shard_count) + _OP_REPLACE + request.SerializeToString()
+
+
+def encode_delete(request: sparse_pb2.DeleteRequest, shard_count: int = 1) -> bytes:
+    return _layout(shard_count) + _OP_DELETE + request.SerializeToString()
+
+
+def split_layout(data: bytes) -> tuple[int, bytes]:
+    """(the shard count an entry was written for, the entry without its layout prefix)."""
+    if data[:1] == _OP_LAYOUT:
+        return int.from_bytes(data[1:3], "big"), data[3:]
+    return 1, data
 
 
 @dataclass(frozen=True)
@@ -98,13 +123,16 @@ def source_info(document: Any) -> DocumentSourceInfo | None:
 class SparseRemote:
     """Sparse snapshots in the object store: a tar of the collection's index files and state."""
 
-    def __init__(self, store: ObjectStore, bucket: str, replica: str | None = None) -> None:
-        self.remote = RemoteSnapshots(store, bucket, "sparse/")
+    def __init__(
+        self, store: ObjectStore, bucket: str, replica: str | None = None, prefix: str = "sparse/"
+    ) -> None:
+        self.remote = RemoteSnapshots(store, bucket, prefix)
         self.replica = replica or uuid.uuid4().hex[:8]
 
     @classmethod
     def from_settings(cls, settings: SparseSettings) -> SparseRemote:
-        return cls(ObjectStore.from_settings(settings), settings.snapshots_bucket)
+        prefix = snapshot_prefix(settings.sparse_shard, settings.sparse_shard_count)
+        return cls(ObjectStore.from_settings(settings), settings.snapshots_bucket, prefix=prefix)
 
     async def latest(self) -> dict[str, Pointer]:
         return await self.remote.latest()
@@ -165,14 +193,21 @@ class SparseStore(ReplicatedStore[Collection]):
         remote: SparseRemote | None = None,
         transport: LogTransport | None = None,
     ) -> None:
+        if not 0 <= settings.sparse_shard < settings.sparse_shard_count:
+            raise ValueError(
+                f"sparse_shard {settings.sparse_shard} is outside 0..{settings.sparse_shard_count - 1}"
+            )
+        self.shard = settings.sparse_shard
+        self.shard_count = settings.sparse_shard_count
         transport = transport or transport_for(
             settings,
             settings.sparse_log_stream,
             "sparse",
-            SPARSE_SHARD,
-            client_name=f"sparse-{uuid.uuid4().hex[:6]}",
+            self.shard,
+            client_name=f"sparse-{self.shard}-{uuid.uuid4().hex[:6]}",
         )
-        super().__init__(settings, data_dir(settings), transport, remote, "sparse")
+        name = "sparse" if self.shard_count == 1 else f"sparse shard {self.shard}"
+        super().__init__(settings, data_dir(settings), transport, remote, name)
         self.sparse_settings = settings
         self.snapshot_remote = remote
         self._changed_at: dict[str, float] = {}
@@ -183,12 +218,16 @@ class SparseStore(ReplicatedStore[Collection]):
 
     def open_collection(self, name: str) -> Collection:
         s = self.sparse_settings
-        return Collection.open(self.data_dir, name, s.sparse_writer_heap_bytes, s.sparse_title_boost)
+        ripgrep = s.sparse_exact_mode == "ripgrep"
+        return Collection.open(self.data_dir, name, s.sparse_writer_heap_bytes, s.sparse_title_boost, ripgrep)
 
     def has_local_data(self, name: str) -> bool:
         return Collection.exists(self.data_dir, name)
 
     def decode(self, data: bytes) -> Decoded:
+        written_for, data = split_layout(data)
+        if written_for != self.shard_count:
+            raise ValueError(f"entry written for {written_for} shards, this layout has {self.shard_count}")
         op, body = data[:1], data[1:]
         try:
             if op == _OP_REPLACE:
@@ -236,7 +275,10 @@ class SparseStore(ReplicatedStore[Collection]):
             groups[-1].append(document)
             size += doc_size
         entries = [
-            encode_replace(sparse_pb2.ReplaceDocumentsRequest(collection=request.collection, documents=g))
+            encode_replace(
+                sparse_pb2.ReplaceDocumentsRequest(collection=request.collection, documents=g),
+                self.shard_count,
+            )
             for g in groups
         ]
         results = await asyncio.gather(*(self.submit(request.collection, e, timeout_s) for e in entries))
@@ -249,7 +291,7 @@ class SparseStore(ReplicatedStore[Collection]):
         )
 
     async def delete(self, request: sparse_pb2.DeleteRequest, timeout_s: float) -> int:
-        result = await self.submit(request.collection, encode_delete(request), timeout_s)
+        result = await self.submit(request.collection, encode_delete(request, self.shard_count), timeout_s)
         return int(result or 0)
 
     # ----- snapshots -----
@@ -330,12 +372,3 @@ class SparseStore(ReplicatedStore[Collection]):
                 "log_position": self.log.positions.cursor,
             },
         )
-
-    async def _restore(self, name: str) -> Collection | None:
-        collection = await super()._restore(name)
-        if collection is not None:
-            written = await asyncio.to_thread(collection.write_chunk_files)
-            log.info(
-                "chunk files written from the restored index", extra={"collection": name, "files": written}
-            )
-        return collection

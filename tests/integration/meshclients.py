@@ -46,7 +46,13 @@ class Mesh:
         self._clients: list[AsyncClient] = []
         self.ingestion = ingestion_pb2_grpc.IngestionServiceStub(self._channel("ingestion"))
         self.embedder = embedder_pb2_grpc.EmbedderServiceStub(self._channel("embedder"))
-        self.sparse = sparse_pb2_grpc.SparseServiceStub(self._channel("sparse"))
+        # One replica per sparse shard (the first); ``sparse`` is shard 0, the only one of most stacks.
+        self.sparse_shards = [
+            sparse_pb2_grpc.SparseServiceStub(self._channel(replicas[0].name))
+            for replicas in (stack.shard_replicas(i, "sparse") for i in range(stack.sparse_shards))
+            if replicas
+        ]
+        self.sparse = self.sparse_shards[0]
         # One replica per shard (the first): replicas hold the same data once caught up.
         self.shards = [
             index_pb2_grpc.IndexServiceStub(self._channel(replicas[0].name))

@@ -203,7 +203,7 @@ async def test_slow_sparse_is_cut_at_the_deadline(
     proxy = SlowProxy(stack.address("sparse"), delay_s=0.0)
     address = await proxy.start()
     try:
-        async with gateway_env(stack, RAGMESH_SPARSE_ADDRESS=address):
+        async with gateway_env(stack, RAGMESH_SPARSE_ADDRESSES=address):
             # Through the proxy at full speed: the search is whole (the relay itself works).
             whole = await search(gateway, request(corpus, "sourdough starter culture"), timeout=10)
             assert not unexpected(whole, stack) and whole.results[0].doc_id == "bread.md"

@@ -25,8 +25,9 @@ explicit: JetStream fsyncs before it acknowledges.
 The stateful stores take ``replicas`` too: ``{"index": 2, "sparse": 2}`` runs every index shard and
 the sparse store as two replicas that stay identical through their replicated log in NATS
 (meshkit.replication.log), each with a data dir of its own (``<state_dir>/<component name>``): "index-0",
-"index-0-2", "index-1", ...; "sparse", "sparse-2". Callers get ``a|b`` per shard in
-RAGMESH_INDEX_ADDRESSES and a comma list in RAGMESH_SPARSE_ADDRESS.
+"index-0-2", "index-1", ...; "sparse", "sparse-2" (one sparse shard) or "sparse-0", "sparse-0-2",
+"sparse-1", ... (``sparse_shards``). Callers get ``a|b`` per shard in RAGMESH_INDEX_ADDRESSES and
+RAGMESH_SPARSE_ADDRESSES.
 
 Every public method has a sync form and an ``*_async`` form; the sync ones use
 ``asyncio.run`` and so must not be called from a running event loop.

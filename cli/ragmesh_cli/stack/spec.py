@@ -172,6 +172,7 @@ class Shape:
     # Kind -> processes, only the kinds with more than one.
     replicas: Mapping[str, int]
     processes: Mapping[str, int]
+    sparse_shards: int = 1
 
 
 def service_specs(shape: Shape) -> list[tuple[str, str, dict[str, str]]]:
@@ -190,9 +191,16 @@ def service_specs(shape: Shape) -> list[tuple[str, str, dict[str, str]]]:
                     }
                     specs.append((name, kind, env))
         elif kind == "sparse":
-            for r in range(shape.replicas.get(kind, 1)):
-                name = replica_name(kind, r)
-                specs.append((name, kind, {"RAGMESH_SPARSE_DATA_DIR": str(shape.state_dir / name)}))
+            for i in range(shape.sparse_shards):
+                for r in range(shape.replicas.get(kind, 1)):
+                    # One shard keeps the name (and data dir) of the store before it was sharded.
+                    name = replica_name(kind if shape.sparse_shards == 1 else f"sparse-{i}", r)
+                    env = {
+                        "RAGMESH_SPARSE_SHARD": str(i),
+                        "RAGMESH_SPARSE_SHARD_COUNT": str(shape.sparse_shards),
+                        "RAGMESH_SPARSE_DATA_DIR": str(shape.state_dir / name),
+                    }
+                    specs.append((name, kind, env))
         elif kind == "worker":
             specs += [
                 (f"worker-{i}", kind, {"RAGMESH_INGEST_WORKER_ID": f"worker-{i}"})
@@ -233,11 +241,20 @@ def plan(shape: Shape) -> dict[str, Component]:
     return {c.name: c for c in comps}
 
 
-def shard_replicas(components: Mapping[str, Component], shard: int) -> list[Component]:
-    """The replicas of index shard ``shard``, in replica order."""
-    return [
-        c for c in components.values() if c.kind == "index" and c.env.get("RAGMESH_INDEX_SHARD") == str(shard)
-    ]
+def shard_replicas(components: Mapping[str, Component], shard: int, kind: str = "index") -> list[Component]:
+    """The replicas of shard ``shard`` of a sharded store (index or sparse), in replica order."""
+    return [c for c in components.values() if c.kind == kind and shard_number(c) == shard]
+
+
+def shard_number(component: Component) -> int:
+    # A sparse replica recorded before sparse was sharded carries no number: it is shard 0.
+    return int(component.env.get(f"RAGMESH_{component.kind.upper()}_SHARD", "0"))
+
+
+def sharded_address(components: Mapping[str, Component], kind: str) -> str:
+    """``a|b,c|d``: the shards of a store in order, the replicas of each separated by |."""
+    shards = sorted({shard_number(c) for c in components.values() if c.kind == kind})
+    return ",".join("|".join(c.address for c in shard_replicas(components, i, kind)) for i in shards)
 
 
 def kind_address(components: Mapping[str, Component], kind: str) -> str:
@@ -266,8 +283,9 @@ def wiring_env(
     shards = ["|".join(c.address for c in shard_replicas(components, i)) for i in range(index_shards)]
     if any(shards):
         env["RAGMESH_INDEX_ADDRESSES"] = ",".join(shards)
-    if "sparse" in components:
-        env["RAGMESH_SPARSE_ADDRESS"] = kind_address(components, "sparse")
+    sparse = sharded_address(components, "sparse")
+    if sparse:
+        env["RAGMESH_SPARSE_ADDRESSES"] = sparse
     if "ingestion" in components:
         env["RAGMESH_INGESTION_ADDRESS"] = address("ingestion")
     if "planner" in components:

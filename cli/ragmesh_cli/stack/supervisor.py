@@ -60,15 +60,17 @@ class Stack:
         processes: Mapping[str, int] | None = None,
         secure: bool = False,
         api_keys: Tenants | None = None,
+        sparse_shards: int = 1,
     ) -> None:
         unknown = set(services) - set(ALL_SERVICES)
         if unknown:
             raise ValueError(f"unknown services {sorted(unknown)}; known: {list(ALL_SERVICES)}")
-        if workers < 0 or index_shards < 1:
-            raise ValueError("workers must be >= 0 and index_shards >= 1")
+        if workers < 0 or index_shards < 1 or sparse_shards < 1:
+            raise ValueError("workers must be >= 0, index_shards and sparse_shards >= 1")
         self.state_dir = Path(state_dir).absolute()
         self.workers = workers
         self.index_shards = index_shards
+        self.sparse_shards = sparse_shards
         self.extra_env = dict(extra_env or {})
         self.services = [kind for kind in ALL_SERVICES if kind in services]
         # Kind -> processes, only the kinds with more than one.
@@ -100,6 +102,7 @@ class Stack:
             replicas=data.get("replicas") or {},
             processes=data.get("processes") or {},
             secure=bool(data.get("secure")),
+            sparse_shards=data.get("sparse_shards", 1),
         )
         stack.components = {c["name"]: Component(**c) for c in data["components"]}
         return stack
@@ -131,6 +134,7 @@ class Stack:
             "state_dir": str(self.state_dir),
             "workers": self.workers,
             "index_shards": self.index_shards,
+            "sparse_shards": self.sparse_shards,
             "replicas": self.replicas,
             "processes": self.processes,
             "services": self.services,
@@ -167,9 +171,9 @@ class Stack:
         self._apply_identity(env, OPS)
         return env
 
-    def shard_replicas(self, shard: int) -> list[Component]:
-        """The replicas of index shard ``shard``, in replica order."""
-        return shard_replicas(self.components, shard)
+    def shard_replicas(self, shard: int, kind: str = "index") -> list[Component]:
+        """The replicas of shard ``shard`` of the index (or of ``kind``: sparse), in replica order."""
+        return shard_replicas(self.components, shard, kind)
 
     def kind_address(self, kind: str) -> str:
         """Every replica of a kind, comma separated in replica order ('' when none runs)."""
@@ -244,7 +248,13 @@ class Stack:
 
     def _shape(self) -> Shape:
         return Shape(
-            self.state_dir, self.services, self.workers, self.index_shards, self.replicas, self.processes
+            self.state_dir,
+            self.services,
+            self.workers,
+            self.index_shards,
+            self.replicas,
+            self.processes,
+            self.sparse_shards,
         )
 
     def _plan_names(self) -> list[str]:

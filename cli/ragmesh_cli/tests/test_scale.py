@@ -73,7 +73,7 @@ def test_store_replicas_get_their_own_data_dirs_and_callers_get_every_replica(tm
     assert (
         env["RAGMESH_INDEX_ADDRESSES"] == f"{a('index-0')}|{a('index-0-2')},{a('index-1')}|{a('index-1-2')}"
     )
-    assert env["RAGMESH_SPARSE_ADDRESS"] == f"{a('sparse')},{a('sparse-2')}"
+    assert env["RAGMESH_SPARSE_ADDRESSES"] == f"{a('sparse')}|{a('sparse-2')}"
     settings = MeshSettings(index_addresses=env["RAGMESH_INDEX_ADDRESSES"])
     assert settings.index_address_list() == [
         f"{a('index-0')},{a('index-0-2')}",

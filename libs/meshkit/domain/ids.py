@@ -87,6 +87,12 @@ def bucket_of(doc_id: str, buckets: int = BUCKETS) -> int:
     return int.from_bytes(digest[:8], "big") % max(1, buckets)
 
 
+def document_shard(doc_id: str, shard_count: int) -> int:
+    """The sparse shard that owns a document (all its chunks): its virtual bucket, modulo the
+    shard count, so that a document's chunks live together and a bucket moves as one."""
+    return bucket_of(doc_id) % max(1, shard_count)
+
+
 def doc_key(collection: str, doc_id: str) -> str:
     """A key safe for NATS KV and object names: doc ids may hold characters KV keys do not."""
     return f"{collection}.{hashlib.sha256(doc_id.encode('utf-8')).hexdigest()[:40]}"

@@ -3,13 +3,16 @@ service (each service reads it plus its own module's class)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "RAGMESH_"
+# Variables that no longer exist -> what replaced them.
+RENAMED_VARIABLES = {"RAGMESH_SPARSE_ADDRESS": "RAGMESH_SPARSE_ADDRESSES"}
 
 
 class MeshSettings(BaseSettings):
@@ -83,7 +86,12 @@ class MeshSettings(BaseSettings):
         description="Index shards, comma separated, in shard order; replicas of one shard separated by | "
         "(a:1|a:2,b:1: shard 0 on two replicas, shard 1 on one), or one dns:///name:port per shard.",
     )
-    sparse_address: str = Field("127.0.0.1:50053", description="Sparse (BM25 + exact) service.")
+    sparse_addresses: str = Field(
+        "127.0.0.1:50053",
+        description="Sparse (BM25 + exact) shards, in the form of index_addresses (shards comma separated, "
+        "replicas of one shard separated by |); a document lives on shard "
+        "meshkit.domain.ids.document_shard(doc_id, shards).",
+    )
     ingestion_address: str = Field("127.0.0.1:50054", description="Ingestion API service.")
     planner_address: str = Field("127.0.0.1:50055", description="Query planner service.")
     gateway_address: str = Field("127.0.0.1:50056", description="Search gateway service.")
@@ -178,8 +186,26 @@ class MeshSettings(BaseSettings):
         "", description="Client: name the server certificate must carry (default: the host dialled)."
     )
 
+    @model_validator(mode="after")
+    def _no_renamed_variables(self) -> MeshSettings:
+        # An old variable left in a deployment would otherwise be ignored silently, and every
+        # process would dial the default address.
+        for old, new in RENAMED_VARIABLES.items():
+            if os.environ.get(old):
+                raise ValueError(f"{old} was renamed to {new} (shards comma separated, replicas |)")
+        return self
+
     def index_address_list(self) -> list[str]:
         """One address per shard, in shard order, each in the form every other address setting takes
         (replicas comma separated): ``a:1|a:2,b:1`` gives ``["a:1,a:2", "b:1"]``."""
-        shards = [a.strip() for a in self.index_addresses.split(",") if a.strip()]
-        return [",".join(r.strip() for r in shard.split("|") if r.strip()) for shard in shards]
+        return shard_address_list(self.index_addresses)
+
+    def sparse_address_list(self) -> list[str]:
+        """The sparse shards' addresses, as index_address_list gives the index's."""
+        return shard_address_list(self.sparse_addresses)
+
+
+def shard_address_list(value: str) -> list[str]:
+    """``a:1|a:2,b:1`` -> ``["a:1,a:2", "b:1"]``: one address per shard, replicas comma separated."""
+    shards = [a.strip() for a in value.split(",") if a.strip()]
+    return [",".join(r.strip() for r in shard.split("|") if r.strip()) for shard in shards]

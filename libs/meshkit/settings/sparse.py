@@ -11,7 +11,16 @@ from meshkit.settings.store import StoreSettings
 
 
 class SparseSettings(StoreSettings):
-    sparse_data_dir: Path | None = Field(None, description="Default: <state_dir>/sparse.")
+    sparse_data_dir: Path | None = Field(
+        None, description="Default: <state_dir>/sparse (one shard) or <state_dir>/sparse-<shard>."
+    )
+    sparse_shard: int = Field(0, ge=0, description="This replica's shard number.")
+    sparse_shard_count: int = Field(
+        1,
+        ge=1,
+        description="Number of sparse shards; a document's chunks all live on shard "
+        "meshkit.domain.ids.document_shard(doc_id, count).",
+    )
     sparse_exact_mode: Literal["ripgrep", "phrase"] = Field(
         "phrase",
         description="Exact leg: tantivy phrase queries (default: ~1 ms, scales with the index) or ripgrep "
@@ -59,7 +68,7 @@ class SparseSettings(StoreSettings):
     sparse_max_doc_filter: int = Field(10_000, description="Most doc_ids in one search filter.")
     sparse_log_stream: str = Field(
         "RAGMESH_LOG_SPARSE",
-        description="JetStream stream of the sparse replicas' log (subject ragmesh.log.sparse.0).",
+        description="JetStream stream of the sparse shards' logs (subject ragmesh.log.sparse.<shard>).",
     )
     sparse_snapshot_interval_s: float = Field(
         60.0,

@@ -395,7 +395,7 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         gateway_planner="service",
         planner_address=mesh_address,
         embedder_address=mesh_address,
-        sparse_address=mesh_address,
+        sparse_addresses=mesh_address,
         index_addresses=",".join(address for _, address in shards),
         reranker_address=mesh_address,
         extractor_address=mesh_address,

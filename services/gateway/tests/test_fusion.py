@@ -10,6 +10,8 @@ from services.gateway.fusion import (
     collapse_documents,
     combine_variations,
     merge_by_score,
+    merge_shard_lists,
+    reported_everywhere,
     rrf,
 )
 
@@ -127,3 +129,18 @@ def test_blend_ties_keep_the_reranker_order() -> None:
     assert ids(blend_reranked(reranked(2, 1), 1.0, k=1)) == ["f2", "f1"]
     # f3 = 1/2 + 1/4 and f1 = 1/4 + 1/2 tie (exact binary fractions) above f2 = 1/3 + 1/3.
     assert ids(blend_reranked(reranked(3, 2, 1), 1.0, k=1)) == ["f3", "f1", "f2"]
+
+
+def test_shard_lists_merge_by_score_and_one_shard_keeps_its_order() -> None:
+    shard0 = [Hit("a1", "a", 3.0), Hit("b1", "b", 1.0)]
+    shard1 = [Hit("c1", "c", 2.0), Hit("d1", "d", 0.5)]
+    assert [h.chunk_id for h in merge_shard_lists([shard0, shard1], 3)] == ["a1", "c1", "b1"]
+    # Ties within one shard stay as that shard ranked them (BM25's own order).
+    tied = [Hit("z1", "z", 1.0), Hit("a1", "a", 1.0)]
+    assert [h.chunk_id for h in merge_shard_lists([tied], 10)] == ["z1", "a1"]
+
+
+def test_a_word_is_unknown_only_when_every_shard_says_so() -> None:
+    assert reported_everywhere([["zork", "basalt"], ["basalt", "zork", "x"]]) == ["zork", "basalt"]
+    assert reported_everywhere([["zork", "basalt"], ["basalt"]]) == ["basalt"]
+    assert reported_everywhere([]) == []

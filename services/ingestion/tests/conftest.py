@@ -295,7 +295,7 @@ class Harness:
             "nats_url": self.nats_url,
             "embedder_address": self.stores.addresses["embedder"],
             "index_addresses": self.stores.addresses["index"],
-            "sparse_address": self.stores.addresses["sparse"],
+            "sparse_addresses": self.stores.addresses["sparse"],
             "client_timeout_s": 10.0,
             **({"ingest_index_dir": self.data_dir / "api-index"} if self.data_dir else {}),
             **self.overrides,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import tantivy
 
+from services.sparse.chunk_files import ChunkFiles
 from services.sparse.collection import Collection
 from services.sparse.records import DocumentUpdate
 from services.sparse.schema import SCHEMA
@@ -189,3 +190,32 @@ def test_crash_before_commit_keeps_committed_state(tmp_path: Path) -> None:
     assert reopened.files.chunk_ids() == [DOGS.chunk_id]
     put(reopened, TAXES.doc_id, TAXES)
     assert committed_chunk_ids(tmp_path) == {DOGS.chunk_id, TAXES.chunk_id}
+
+
+def test_phrase_mode_keeps_no_file_per_chunk(tmp_path: Path) -> None:
+    phrase = Collection.open(tmp_path, COLLECTION, 32 * 1024 * 1024, 1.5, chunk_files=False)
+    seeded(phrase)
+    assert not (tmp_path / COLLECTION / "chunks").exists()
+    # The text is the index's stored field: reads and phrase searches need no file.
+    assert phrase.get_chunks([DOGS.chunk_id])[0].text == DOGS.text
+    assert phrase.search_bm25("cat mice", 1, [])[0].chunk_id == CATS.chunk_id
+    phrase.close()
+
+
+def test_switching_exact_modes_drops_or_rebuilds_the_chunk_files(tmp_path: Path) -> None:
+    ripgrep = Collection.open(tmp_path, COLLECTION, 32 * 1024 * 1024, 1.5)
+    seeded(ripgrep)
+    ripgrep.close()
+    files = tmp_path / COLLECTION / "chunks"
+    assert sorted(ChunkFiles(files).chunk_ids()) == sorted([DOGS.chunk_id, CATS.chunk_id, TAXES.chunk_id])
+
+    Collection.open(tmp_path, COLLECTION, 32 * 1024 * 1024, 1.5, chunk_files=False).close()
+    assert not files.exists()
+
+    # Back in ripgrep mode the files are written again from the index, and marked complete (a
+    # crash while writing them leaves no marker, and the next open writes them again).
+    again = Collection.open(tmp_path, COLLECTION, 32 * 1024 * 1024, 1.5)
+    assert (files / ".complete").is_file()
+    assert ChunkFiles(files).path(DOGS.chunk_id).read_text(encoding="utf-8").splitlines()[1] == DOGS.text
+    assert len(ChunkFiles(files).chunk_ids()) == 3
+    again.close()
