@@ -15,6 +15,7 @@ from meshkit.domain.ids import (
     doc_key,
     document_shard,
     shard_of,
+    sparse_shard_name,
     validate_chunk_id,
     validate_collection,
     validate_doc_id,
@@ -182,3 +183,9 @@ def test_document_shard_follows_the_bucket_and_spreads_documents() -> None:
     # A bucket moves as one: every document of a bucket is on the same shard.
     assert all(document_shard(d, 4) == bucket_of(d) % 4 for d in docs[:100])
     assert document_shard("a.md", 0) == 0
+
+
+def test_a_sparse_shard_is_named_sparse_alone_and_numbered_among_several() -> None:
+    # The process, its data dir, the clients' targets and the degradations all use this name.
+    assert sparse_shard_name(0, 1) == "sparse"
+    assert [sparse_shard_name(i, 3) for i in range(3)] == ["sparse-0", "sparse-1", "sparse-2"]

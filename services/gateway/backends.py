@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from meshkit.domain.ids import sparse_shard_name
 from meshkit.rpc.client import ClientPolicy, Downstream
 from meshkit.settings import GatewaySettings
 from ragmesh.embedder.v1 import embedder_pb2_grpc
@@ -13,13 +14,8 @@ from ragmesh.index.v1 import index_pb2_grpc
 from ragmesh.planner.v1 import planner_pb2_grpc
 from ragmesh.reranker.v1 import reranker_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2_grpc
-from services.gateway.degradations import EMBEDDER, PLANNER, SPARSE
+from services.gateway.degradations import EMBEDDER, PLANNER
 from services.gateway.rerank import RERANKER
-
-
-def sparse_name(shard: int, shard_count: int) -> str:
-    """A sparse shard's name in degradations and metrics: "sparse" while there is one."""
-    return SPARSE if shard_count == 1 else f"{SPARSE}-{shard}"
 
 
 class Backends:
@@ -57,7 +53,11 @@ class Backends:
             ],
             [
                 Downstream(
-                    sparse_name(i, len(sparse)), address, sparse_pb2_grpc.SparseServiceStub, policy, size
+                    sparse_shard_name(i, len(sparse)),
+                    address,
+                    sparse_pb2_grpc.SparseServiceStub,
+                    policy,
+                    size,
                 )
                 for i, address in enumerate(sparse)
             ],

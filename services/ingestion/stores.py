@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from meshkit.domain.ids import sparse_shard_name
 from meshkit.rpc.client import ClientPolicy, Downstream
 from meshkit.settings import IngestionSettings
 from ragmesh.embedder.v1 import embedder_pb2_grpc
@@ -31,6 +32,7 @@ class Stores:
     @classmethod
     def from_settings(cls, settings: IngestionSettings) -> Stores:
         policy = ClientPolicy.from_settings(settings)
+        sparse = settings.sparse_address_list()
         return cls(
             Downstream("embedder", settings.embedder_address, embedder_pb2_grpc.EmbedderServiceStub, policy),
             [
@@ -38,8 +40,10 @@ class Stores:
                 for i, address in enumerate(settings.index_address_list())
             ],
             [
-                Downstream(f"sparse-{i}", address, sparse_pb2_grpc.SparseServiceStub, policy)
-                for i, address in enumerate(settings.sparse_address_list())
+                Downstream(
+                    sparse_shard_name(i, len(sparse)), address, sparse_pb2_grpc.SparseServiceStub, policy
+                )
+                for i, address in enumerate(sparse)
             ],
         )
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from meshkit.core.fsutil import fsync_dir
+from meshkit.domain.ids import sparse_shard_name
 from meshkit.replication.log import LogTransport, transport_for
 from meshkit.replication.records import ReplaceResult
 from meshkit.replication.snapshots import Pointer, RemoteSnapshots
@@ -52,8 +53,7 @@ _SNAPSHOT_WORK = ".snapshots"
 def data_dir(settings: SparseSettings) -> Path:
     if settings.sparse_data_dir:
         return settings.sparse_data_dir
-    name = "sparse" if settings.sparse_shard_count == 1 else f"sparse-{settings.sparse_shard}"
-    return settings.state_dir / name
+    return settings.state_dir / sparse_shard_name(settings.sparse_shard, settings.sparse_shard_count)
 
 
 def snapshot_prefix(shard: int, shard_count: int) -> str:

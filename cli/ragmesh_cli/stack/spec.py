@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshkit.domain.ids import sparse_shard_name
 from ragmesh_cli import procutil
 from ragmesh_cli.procutil import LOOPBACK
 
@@ -193,8 +194,7 @@ def service_specs(shape: Shape) -> list[tuple[str, str, dict[str, str]]]:
         elif kind == "sparse":
             for i in range(shape.sparse_shards):
                 for r in range(shape.replicas.get(kind, 1)):
-                    # One shard keeps the name (and data dir) of the store before it was sharded.
-                    name = replica_name(kind if shape.sparse_shards == 1 else f"sparse-{i}", r)
+                    name = replica_name(sparse_shard_name(i, shape.sparse_shards), r)
                     env = {
                         "RAGMESH_SPARSE_SHARD": str(i),
                         "RAGMESH_SPARSE_SHARD_COUNT": str(shape.sparse_shards),

@@ -93,6 +93,12 @@ def document_shard(doc_id: str, shard_count: int) -> int:
     return bucket_of(doc_id) % max(1, shard_count)
 
 
+def sparse_shard_name(shard: int, shard_count: int) -> str:
+    """A sparse shard's name (process, data dir, client target, degradation): "sparse" while
+    there is one, as the store was called before it was sharded, else "sparse-<shard>"."""
+    return "sparse" if shard_count == 1 else f"sparse-{shard}"
+
+
 def doc_key(collection: str, doc_id: str) -> str:
     """A key safe for NATS KV and object names: doc ids may hold characters KV keys do not."""
     return f"{collection}.{hashlib.sha256(doc_id.encode('utf-8')).hexdigest()[:40]}"
