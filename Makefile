@@ -17,7 +17,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup proto proto-check lint fmt typecheck buf-check breaking check test test-unit test-integration \
         up down status demo bench clean lock reranker-model deploy-check chaos gpu-check peer-bench \
-        rules-check size-bench
+        rules-check size-bench control-plane-bench
 
 setup: $(STAMP)
 
@@ -170,6 +170,13 @@ size-bench: setup
 	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["scale"]))' > .cache/scale-extra.txt
 	$(PY) -m pip install --quiet -c requirements.lock -r .cache/scale-extra.txt
 	$(PY) -m bench.size_bench --sizes $(SIZES) $(SIZE_BENCH_ARGS)
+
+# The control plane against document count (docs/SCALE.md): the status index alone, then the
+# ingestion API end to end with DOCS documents recorded (start, RSS, pages, unchanged-folder syncs).
+DOCS ?= 1000000
+control-plane-bench: setup
+	$(PY) -m bench.control_plane_bench --sizes 10000,100000,$(DOCS)
+	$(PY) -m bench.ingestion_start_bench --docs $(DOCS) --folders 10000,100000 --json
 
 # The GPU tiers in one command (under 8 minutes on a machine with an NVIDIA GPU): onnxruntime-gpu and
 # vLLM in their own venvs under .cache/gpu-venv/, the embedder and reranker on CUDA next to the CPU,

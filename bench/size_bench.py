@@ -4,8 +4,8 @@ checkpoint and a restart, measured as one collection grows (docs/SCALE.md).
     make size-bench SIZES=10000,100000          # or:
     .venv/bin/python -m bench.size_bench --sizes 10000,100000,1000000 --json [--write-doc]
 
-Starts its own stack (ragmesh_cli.stack.Stack: NATS, SeaweedFS, embedder, two index shards, one
-sparse, gateway), fills one collection with synthetic documents (bench/size_corpus.py) straight
+Starts its own stack (ragmesh_cli.stack.Stack: NATS, SeaweedFS, embedder, two index shards, two
+sparse shards, gateway), fills one collection with synthetic documents (bench/size_corpus.py) straight
 into the stores' ReplaceDocuments RPCs up to each size in turn (10k, then 90k more, ...), and at
 each size measures: gateway search latency at concurrency 1 and throughput at 8 (rerank off, no
 HyDE, one variation), an index shard's search latency, dense recall@10 of the shards' ANN against

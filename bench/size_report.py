@@ -356,11 +356,16 @@ def reading(lines: Sequence[Mapping[str, Any]]) -> list[str]:
             f"index {low[2]}); exact (flat) shards score 1.0 by construction."
         )
     files, sparse_chunks = _num(last, "sparse_disk_files"), chunks
-    if files and sparse_chunks:
+    if files and sparse_chunks and files / sparse_chunks >= 0.5:
         out.append(
             f"The sparse store keeps {files / sparse_chunks:.2f} files per chunk on disk (a text file per "
             "chunk for the ripgrep exact mode, beside the tantivy index), so its disk bytes per chunk "
             "are at least a filesystem block's."
+        )
+    elif files and sparse_chunks:
+        out.append(
+            f"The sparse shards keep {int(files):,} files in all at {sparse_chunks:,} chunks (tantivy "
+            "segments and their state; the phrase exact mode writes no file per chunk)."
         )
     bounds = {str(line.get("fill_bound")) for line in lines}
     if bounds:

@@ -74,8 +74,7 @@ LACKS = """\
   embedded by MiniLM lands anywhere in the synthetic vector space: the dense leg's work is the
   same, its hits are not meaningful).
 - **Sparse shards hold whole documents** (`--sparse-shards`, 2 by default): the filler sends each
-  document to its shard (`meshkit.domain.ids.document_shard`), as the ingestion workers do; the
-  filtered search is still above 60 ms at 1M chunks (the BM25 leg's doc-id term-set filter).
+  document to its shard (`meshkit.domain.ids.document_shard`), as the ingestion workers do.
 - **No snapshot RPC on sparse**: its checkpoints run on their own interval; only the index's
   checkpoint is measured.
 - **GetStats has no index parameters**: it reports the index type and dimension per shard, not

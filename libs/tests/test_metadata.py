@@ -14,6 +14,7 @@ from meshkit.domain.metadata import (
     clauses_from_pb,
     clauses_to_pb,
     metadata_problem,
+    narrows,
 )
 from ragmesh.common.v1 import common_pb2
 
@@ -80,3 +81,22 @@ def test_index_matches_every_operator_and_forgets_removed_documents() -> None:
     index.remove("c")
     assert index.matching([Clause("team", EQ, ("docs",))], everyone) == set()
     assert index.get("c") == {}
+
+
+def test_index_without_a_universe_answers_from_postings_and_ne_alone_asks_for_one() -> None:
+    # The index shards key documents by number and search every document they hold.
+    index: MetadataIndex[int] = MetadataIndex()
+    for num in range(10):
+        index.put(num, {"dept": f"d{num % 3}", **({"draft": "yes"} if num < 4 else {})})
+    assert index.matching([Clause("dept", EQ, ("d1",))], None) == {1, 4, 7}
+    assert index.matching([Clause("dept", IN, ("d1", "d2")), Clause("draft", NE, ("yes",))], None) == {
+        4,
+        5,
+        7,
+        8,
+    }
+    assert narrows([Clause("dept", NE, ("d1",)), Clause("draft", EXISTS)])
+    assert not narrows([Clause("dept", NE, ("d1",))])
+    with pytest.raises(ValueError, match="needs the documents searched"):
+        index.matching([Clause("dept", NE, ("d1",))], None)
+    assert index.matching([Clause("dept", NE, ("d1",))], range(12)) == {0, 2, 3, 5, 6, 8, 9, 10, 11}

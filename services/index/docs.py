@@ -11,7 +11,7 @@ runs together (compaction.py), so their number stays small.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,8 @@ class DocTable:
 
     def __init__(self) -> None:
         self.docs: dict[str, DocState] = {}
-        self.metadata = MetadataIndex()
+        # Keyed by document number: a filter's documents go to numpy without a lookup each.
+        self.metadata: MetadataIndex[int] = MetadataIndex()
         self.with_chunks = 0
         self._next_num = 0
         # doc id -> change counter: records a checkpoint must write.
@@ -88,7 +89,7 @@ class DocTable:
         self.with_chunks -= 1
         if state.source is not None:
             state.source = None
-            self.metadata.remove(doc_id)
+            self.metadata.remove(state.num)
             self._touch(doc_id)
         if not state.fence:
             del self.docs[doc_id]
@@ -97,7 +98,7 @@ class DocTable:
         state = self.ensure(doc_id)
         if state.source != source:
             state.source = source
-            self.metadata.put(doc_id, dict(source.metadata))
+            self.metadata.put(state.num, dict(source.metadata))
             self._touch(doc_id)
 
     def set_fence(self, doc_id: str, fence: int) -> None:
@@ -147,28 +148,12 @@ class DocTable:
                     del self.docs[doc_id]
                     continue
             if state.source is not None and state.source.metadata:
-                self.metadata.put(doc_id, dict(state.source.metadata))
+                self.metadata.put(state.num, dict(state.source.metadata))
         self.with_chunks = sum(1 for s in self.docs.values() if s.live)
 
-    def live_ids(self) -> LiveIds:
-        """The documents with chunks, as a collection a filter tests membership in (no copy)."""
-        return LiveIds(self.docs, self.with_chunks)
-
-
-class LiveIds(Collection[str]):
-    def __init__(self, docs: dict[str, DocState], count: int) -> None:
-        self._docs = docs
-        self._count = count
-
-    def __contains__(self, doc_id: object) -> bool:
-        state = self._docs.get(doc_id) if isinstance(doc_id, str) else None
-        return state is not None and state.live > 0
-
-    def __iter__(self) -> Iterator[str]:
-        return (d for d, s in self._docs.items() if s.live)
-
-    def __len__(self) -> int:
-        return self._count
+    def live_numbers(self) -> list[int]:
+        """The numbers of the documents with chunks."""
+        return [s.num for s in self.docs.values() if s.live]
 
 
 # ----- runs -----

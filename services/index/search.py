@@ -10,11 +10,12 @@ comes back short. So ``top_k`` filtered results come back whenever that many exi
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
 
-from meshkit.domain.metadata import Clause
+from meshkit.domain.metadata import Clause, narrows
 from services.index.records import Hit, StoredChunk
 from services.index.segments import Segment
 from services.index.state import IndexState
@@ -42,13 +43,21 @@ class Found:
 
 
 def allowed_numbers(state: IndexState, doc_ids: list[str] | None, clauses: tuple[Clause, ...]) -> np.ndarray:
-    """Global numbers of the documents with chunks a filter allows."""
+    """Global numbers of the documents with chunks a filter allows, sorted. The metadata index
+    is keyed by number, so a filter costs what its clauses match, not a lookup per document."""
     docs = state.docs
+    nums: Collection[int] | None = None
+    if doc_ids:
+        found = (docs.get(d) for d in doc_ids)
+        nums = {s.num for s in found if s is not None and s.live}
     if clauses:
-        universe = set(doc_ids) if doc_ids else docs.live_ids()
-        doc_ids = sorted(docs.metadata.matching(clauses, universe))
-    states = [docs.get(d) for d in doc_ids or ()]
-    return np.array(sorted({s.num for s in states if s is not None and s.live}), dtype=np.int64)
+        if nums is None and not narrows(clauses):
+            nums = docs.live_numbers()
+        nums = docs.metadata.matching(clauses, nums)
+    # Documents with metadata have a source, hence chunks; a stale one has no live rows anyway.
+    allowed = np.fromiter(nums or (), dtype=np.int64)
+    allowed.sort()
+    return allowed
 
 
 def _ann_filtered(

@@ -8,10 +8,10 @@ import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from meshkit.domain.metadata import Clause, MetadataIndex
+from meshkit.domain.metadata import Clause, MetadataIndex, narrows
 from services.sparse.records import DocumentSourceInfo
 
 STATE_FILE = "state.sqlite"
@@ -38,7 +38,7 @@ class CollectionState:
         # Searches read the sources from other threads while a write changes them.
         self._sources_lock = threading.Lock()
         self.sources: dict[str, DocumentSourceInfo] = {}
-        self.metadata = MetadataIndex()
+        self.metadata: MetadataIndex[str] = MetadataIndex()
         for doc_id, uri, raw in self._db.execute("SELECT doc_id, uri, metadata FROM sources").fetchall():
             self._put_source(doc_id, DocumentSourceInfo(uri, tuple(sorted(json.loads(raw).items()))))
         meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
@@ -91,7 +91,11 @@ class CollectionState:
     def matching(self, clauses: Sequence[Clause], doc_ids: Sequence[str]) -> list[str]:
         """The documents (of ``doc_ids`` when given) whose metadata satisfies every clause."""
         with self._sources_lock:
-            universe = set(doc_ids) if doc_ids else self.sources.keys()
+            if doc_ids:
+                universe: Collection[str] | None = set(doc_ids)
+            else:
+                # Documents with metadata all have a source: postings need no membership test.
+                universe = None if narrows(clauses) else self.sources.keys()
             return sorted(self.metadata.matching(clauses, universe))
 
     def set_log(self, log_id: str, log_pos: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from ragmesh.common.v1 import common_pb2
 
@@ -34,6 +35,8 @@ _OPS = {
     common_pb2.FILTER_OP_EXISTS: EXISTS,
 }
 _OP_NUMBERS = {name: number for number, name in _OPS.items()}
+# What a MetadataIndex knows a document by.
+K = TypeVar("K", str, int)
 
 
 class InvalidFilter(ValueError):
@@ -117,55 +120,71 @@ def clauses_to_pb(clauses: Iterable[Clause]) -> common_pb2.MetadataFilter:
     )
 
 
-class MetadataIndex:
-    """doc id -> metadata, and key -> value -> doc ids. Not thread-safe: the owner's lock
-    guards it like the rest of its state."""
+def narrows(clauses: Iterable[Clause]) -> bool:
+    """True when a clause selects from the index (eq, in, exists): the filter's documents are
+    found from postings, without the set of every document searched."""
+    return any(clause.op != NE for clause in clauses)
+
+
+class MetadataIndex(Generic[K]):
+    """document -> metadata, and key -> value -> documents. A document is whatever key its owner
+    knows it by (a doc id; the index shards use their dense document numbers, so a filter's
+    result feeds numpy directly). Not thread-safe: the owner's lock guards it like the rest of
+    its state."""
 
     def __init__(self) -> None:
-        self._docs: dict[str, dict[str, str]] = {}
-        self._postings: dict[str, dict[str, set[str]]] = {}
+        self._docs: dict[K, dict[str, str]] = {}
+        self._postings: dict[str, dict[str, set[K]]] = {}
 
     def __len__(self) -> int:
         return len(self._docs)
 
-    def get(self, doc_id: str) -> dict[str, str]:
-        return self._docs.get(doc_id, {})
+    def get(self, doc: K) -> dict[str, str]:
+        return self._docs.get(doc, {})
 
-    def put(self, doc_id: str, metadata: Mapping[str, str]) -> None:
-        self.remove(doc_id)
+    def put(self, doc: K, metadata: Mapping[str, str]) -> None:
+        self.remove(doc)
         if not metadata:
             return
-        self._docs[doc_id] = dict(metadata)
+        self._docs[doc] = dict(metadata)
         for key, value in metadata.items():
-            self._postings.setdefault(key, {}).setdefault(value, set()).add(doc_id)
+            self._postings.setdefault(key, {}).setdefault(value, set()).add(doc)
 
-    def remove(self, doc_id: str) -> None:
-        old = self._docs.pop(doc_id, None)
+    def remove(self, doc: K) -> None:
+        old = self._docs.pop(doc, None)
         for key, value in (old or {}).items():
             values = self._postings[key]
             members = values[value]
-            members.discard(doc_id)
+            members.discard(doc)
             if not members:
                 del values[value]
             if not values:
                 del self._postings[key]
 
-    def matching(self, clauses: Iterable[Clause], universe: Collection[str]) -> set[str]:
-        """The doc ids of ``universe`` (the documents the caller searches; fast membership)
-        that satisfy every clause."""
-        result: set[str] | None = None
-        negated: set[str] = set()
+    def matching(self, clauses: Iterable[Clause], universe: Collection[K] | None) -> set[K]:
+        """The documents of ``universe`` (the documents the caller searches; fast membership)
+        that satisfy every clause. ``universe`` None: the caller searches every document it
+        indexed, so a filter with an ``eq``/``in``/``exists`` clause costs only what that clause
+        matches; a filter of ``ne`` clauses alone needs the universe (it matches documents
+        without metadata too)."""
+        result: set[K] | None = None
+        negated: set[K] = set()
         for clause in clauses:
             values = self._postings.get(clause.key, {})
             if clause.op == NE:
                 negated |= values.get(clause.values[0], set())
                 continue
             if clause.op == EXISTS:
-                found = set().union(*values.values()) if values else set()
+                found: set[K] = set().union(*values.values()) if values else set()
             else:
                 found = set().union(*(values.get(v, set()) for v in clause.values))
             result = found if result is None else result & found
             if not result:
                 return set()
-        base = set(universe) if result is None else {d for d in result if d in universe}
-        return base - negated
+        if result is None:
+            if universe is None:
+                raise ValueError("a filter of ne clauses alone needs the documents searched")
+            return set(universe) - negated
+        if universe is not None:
+            result = {d for d in result if d in universe}
+        return result - negated
