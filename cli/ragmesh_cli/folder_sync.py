@@ -10,11 +10,17 @@ submission's source_uri decides), corpus records and documents submitted through
 without a file:// source never match, so a sync never deletes them. Stale documents go through
 the normal DeleteDocuments path: their chunks leave the index, sparse and object stores. The
 listing and the deletions go through ragmesh_client (``list_documents``, ``delete``).
+
+Both cost the folder's size, not the collection's: a sync lists the folder's documents by their
+source prefix, and so does a dry run over folders, which then looks up only the files it found
+no document for there (held from another source, submitting them would update them). A dry run
+that names files or corpus records lists the whole collection.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,10 +29,13 @@ from urllib.parse import unquote, urlparse
 
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh_cli.documents import DEFAULT_MAX_FILE_BYTES
-from ragmesh_client import AsyncClient, DocumentSummary
+from ragmesh_client import AsyncClient, DocumentSummary, NotFoundError
 
 LIST_PAGE = 1000
 DELETE_BATCH = 256
+# Status calls in flight while a dry run looks up documents it did not find under the folders.
+LOOKUP_IN_FLIGHT = 16
+LOOKUP_BATCH = 1024
 RPC_TIMEOUT_S = 60.0
 # States whose document is on its way out already: nothing to delete.
 _LEAVING = frozenset({"deleting", "deleted"})
@@ -63,6 +72,43 @@ async def list_documents(client: AsyncClient, collection: str, prefix: str = "")
     else:
         pages = client.list_documents(collection, page_size=LIST_PAGE, timeout=RPC_TIMEOUT_S)
     return [summary async for summary in pages]
+
+
+def only_folders(paths: Sequence[Path]) -> list[Path] | None:
+    """The folders, when every path is one (a dry run then lists only what is under them)."""
+    roots = [path for path in paths if path.is_dir()]
+    return roots if roots and len(roots) == len(paths) else None
+
+
+async def list_under(client: AsyncClient, collection: str, roots: Sequence[Path]) -> list[DocumentSummary]:
+    """The documents whose latest source is under one of ``roots``: the folders' size, not the
+    collection's."""
+    listing: list[DocumentSummary] = []
+    for root in roots:
+        listing.extend(await list_documents(client, collection, folder_prefix(root)))
+    return listing
+
+
+async def held(client: AsyncClient, collection: str, doc_ids: Sequence[str]) -> set[str]:
+    """Those of ``doc_ids`` the collection holds (and is not deleting), one status call each, a
+    few at once: a status call with an unknown id fails as a whole (NOT_FOUND). A dry run over
+    folders asks this of the files it found no document for under them; those held came from
+    another source, and submitting the file would update them."""
+    slots = asyncio.Semaphore(LOOKUP_IN_FLIGHT)
+
+    async def lookup(doc_id: str) -> str | None:
+        async with slots:
+            try:
+                (status,) = await client.document_status(collection, [doc_id], timeout=RPC_TIMEOUT_S)
+            except NotFoundError:
+                return None
+        return None if status.state in _LEAVING else doc_id
+
+    found: set[str] = set()
+    for start in range(0, len(doc_ids), LOOKUP_BATCH):
+        batch = doc_ids[start : start + LOOKUP_BATCH]
+        found.update(d for d in await asyncio.gather(*(lookup(d) for d in batch)) if d is not None)
+    return found
 
 
 def stale_documents(

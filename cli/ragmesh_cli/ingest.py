@@ -235,9 +235,17 @@ async def _dry_run(
 ) -> int:
     documents.check_explicit_files(paths, detect)
     stats = WalkStats()
-    listing = await folder_sync.list_documents(client, collection)
+    roots = folder_sync.only_folders(paths)
+    if roots is None:
+        listing = await folder_sync.list_documents(client, collection)
+    else:
+        listing = await folder_sync.list_under(client, collection, roots)
     docs = documents.iter_documents(paths, detect, stats, _warn, options.max_file_bytes)
     plan = await asyncio.to_thread(folder_sync.classify, docs, listing)
+    if roots is not None and plan.added:
+        elsewhere = await folder_sync.held(client, collection, plan.added)
+        plan.updated += [d for d in plan.added if d in elsewhere]
+        plan.added = [d for d in plan.added if d not in elsewhere]
     if options.sync:
         plan.deleted = folder_sync.stale_documents(listing, _sync_roots(paths), stats.walked_ids)
     print(f"dry run for collection {collection!r}: nothing was changed")

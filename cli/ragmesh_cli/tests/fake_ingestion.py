@@ -1,7 +1,8 @@
 """A fake IngestionService for the CLI's unit tests, served in-process: an object with some of
 the service's methods (``async def IngestDocuments(self, request, **_)`` and the like, taking
 and returning contract messages) answers those; ``serve`` gives the ragmesh_client that
-``ragmesh ingest`` builds (``channels.ingestion_client``) pointed at it."""
+``ragmesh ingest`` builds (``channels.ingestion_client``) pointed at it (a servicer subclass,
+whose methods get the context, is served as it is)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def servicer(fake: object) -> ingestion_pb2_grpc.IngestionServiceServicer:
 @contextlib.asynccontextmanager
 async def serve(fake: object) -> AsyncIterator[AsyncClient]:
     server = aio.server()
-    ingestion_pb2_grpc.add_IngestionServiceServicer_to_server(servicer(fake), server)
+    # A servicer of its own (methods taking the context, to abort with a status) serves as is.
+    own = isinstance(fake, ingestion_pb2_grpc.IngestionServiceServicer)
+    ingestion_pb2_grpc.add_IngestionServiceServicer_to_server(fake if own else servicer(fake), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     client = ingestion_client(f"127.0.0.1:{port}", key="")

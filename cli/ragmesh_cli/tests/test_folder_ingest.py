@@ -7,9 +7,11 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from grpc import aio
 
-from ragmesh.ingestion.v1 import ingestion_pb2
+from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli import documents, folder_sync, ingest
 from ragmesh_cli.documents import Skipped, WalkStats
 from ragmesh_client import DocumentSummary
@@ -212,3 +214,59 @@ def test_what_ingest_sends_through_the_client_is_the_walked_document(tmp_path: P
     assert {d.format for d in docs} == {OBSIDIAN, PDF, ingestion_pb2.DOCUMENT_FORMAT_TEXT}
     for doc in docs:
         assert document_message(ingest.client_document(doc)) == doc
+
+
+class HoldingApi(ingestion_pb2_grpc.IngestionServiceServicer):
+    """Documents by doc id: (source_uri, content_sha256, state); counts the documents it lists."""
+
+    def __init__(self, docs: dict[str, tuple[str, str, int]]) -> None:
+        self.docs = docs
+        self.listed = 0
+
+    async def ListDocuments(self, request: Any, context: aio.ServicerContext) -> Any:
+        page = [
+            ingestion_pb2.DocumentSummary(doc_id=d, source_uri=uri, content_sha256=sha, state=state)
+            for d, (uri, sha, state) in sorted(self.docs.items())
+            if uri.startswith(request.source_uri_prefix)
+        ]
+        self.listed += len(page)
+        return ingestion_pb2.ListDocumentsResponse(documents=page)
+
+    async def GetDocumentStatus(self, request: Any, context: aio.ServicerContext) -> Any:
+        unknown = [d for d in request.doc_ids if d not in self.docs]
+        if unknown:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown documents {unknown}")
+        return ingestion_pb2.GetDocumentStatusResponse(
+            documents=[
+                ingestion_pb2.DocumentStatus(collection=request.collection, doc_id=d, state=self.docs[d][2])
+                for d in request.doc_ids
+            ]
+        )
+
+
+async def test_a_dry_run_over_folders_lists_only_them_and_finds_documents_held_from_elsewhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "docs"
+    same = write(root / "same.md", "kept")
+    write(root / "moved.md", "moved here")
+    write(root / "new.md", "new")
+    write(root / "gone-again.md", "was deleted")
+    indexed, deleted = ingestion_pb2.DOCUMENT_STATE_INDEXED, ingestion_pb2.DOCUMENT_STATE_DELETED
+    api = HoldingApi(
+        {
+            "same.md": (same.absolute().as_uri(), hashlib.sha256(b"kept").hexdigest(), indexed),
+            # Held from another folder: submitting this file would update it.
+            "moved.md": ("file:///elsewhere/moved.md", "0" * 64, indexed),
+            "gone-again.md": ("file:///elsewhere/gone-again.md", "0" * 64, deleted),
+            **{f"other-{i}.md": (f"file:///elsewhere/other-{i}.md", "0" * 64, indexed) for i in range(50)},
+        }
+    )
+    async with serve(api) as client:
+        code = await ingest._dry_run(client, "c", [root], fake_detect, ingest.FolderOptions(sync=True))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "would add: 2\n  gone-again.md\n  new.md" in out
+    assert "would update: 1\n  moved.md" in out and "unchanged: 1" in out and "would delete: 0" in out
+    # The other folder's 50 documents were never listed: the listing is the folder's.
+    assert api.listed == 1
