@@ -1,9 +1,8 @@
 """The size bench's filler: synthetic documents straight into the stores' write RPCs, as the
 ingestion workers write them (services/ingestion/pipeline.py): one ``ReplaceDocuments`` per index
-shard per batch of documents (each shard gets its own chunks, by meshkit.domain.ids.shard_of, and every
-document's replacement, so stale chunks go wherever they are), and one per sparse shard that owns
-some of the batch's documents (a document goes whole to meshkit.domain.ids.document_shard), all of a
-batch in parallel, a few batches in flight. Each document carries its title, source URI and
+shard and one per sparse shard that owns some of the batch's documents (a document goes whole to
+meshkit.domain.ids.document_shard, in both stores), all of a batch in parallel, a few batches in
+flight. Each document carries its title, source URI and
 metadata (``DocumentSource``), each chunk its text and location, and a fence (its version + 1).
 
 A size that ends inside a document sends that document's first chunks; the next size sends the
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.size_corpus import Document, ExactIndex, SyntheticCorpus
-from meshkit.domain.ids import document_shard, shard_of
+from meshkit.domain.ids import document_shard
 from ragmesh.common.v1 import common_pb2
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.sparse.v1 import sparse_pb2, sparse_pb2_grpc
@@ -79,35 +78,29 @@ def _source(doc: Document, collection: str) -> common_pb2.DocumentSource:
     )
 
 
-def _replacements(
-    parts: Sequence[Part],
-    shards: int,
-    collection: str,
-    chunk: Callable[[Document, int], Any],
-    replacement: Any,
-) -> list[list[Any]]:
-    """Per shard, every document's replacement (``replacement``, the store's DocumentReplacement)
-    with that shard's chunks only (``chunk`` builds one from a document and an ordinal)."""
+def _whole(
+    parts: Sequence[Part], collection: str, chunk: Callable[[Document, int], Any], replacement: Any
+) -> list[Any]:
+    """Every document's replacement (``replacement``, the store's DocumentReplacement), its new
+    chunks built by ``chunk`` from a document and an ordinal."""
+    return [
+        replacement(
+            doc_id=part.doc.doc_id,
+            upserts=[chunk(part.doc, j) for j in part.ordinals],
+            keep_chunk_ids=part.kept,
+            fence=part.doc.version + 1,
+            source=_source(part.doc, collection),
+        )
+        for part in parts
+    ]
+
+
+def _by_owner(documents: list[Any], shards: int) -> list[list[Any]]:
+    """The replacements per shard: a document goes whole to the shard that owns it
+    (meshkit.domain.ids.document_shard), in the index and in sparse alike."""
     per_shard: list[list[Any]] = [[] for _ in range(shards)]
-    for part in parts:
-        doc = part.doc
-        upserts: list[list[Any]] = [[] for _ in range(shards)]
-        keep: list[list[str]] = [[] for _ in range(shards)]
-        for chunk_id in part.kept:
-            keep[shard_of(chunk_id, shards)].append(chunk_id)
-        for j in part.ordinals:
-            upserts[shard_of(doc.chunk_ids[j], shards)].append(chunk(doc, j))
-        source = _source(doc, collection)
-        for s in range(shards):
-            per_shard[s].append(
-                replacement(
-                    doc_id=doc.doc_id,
-                    upserts=upserts[s],
-                    keep_chunk_ids=keep[s],
-                    fence=doc.version + 1,
-                    source=source,
-                )
-            )
+    for document in documents:
+        per_shard[document_shard(document.doc_id, shards)].append(document)
     return per_shard
 
 
@@ -133,24 +126,23 @@ def _sparse_chunk(doc: Document, j: int) -> sparse_pb2.ChunkText:
 
 def index_requests(
     collection: str, parts: Sequence[Part], shards: int
-) -> list[index_pb2.ReplaceDocumentsRequest]:
-    """One request per shard: every document's replacement, with that shard's chunks only."""
-    per_shard = _replacements(parts, shards, collection, _index_chunk, index_pb2.DocumentReplacement)
-    return [index_pb2.ReplaceDocumentsRequest(collection=collection, documents=d) for d in per_shard]
+) -> list[index_pb2.ReplaceDocumentsRequest | None]:
+    """One request per index shard that owns some of the batch's documents (None for the others)."""
+    whole = _whole(parts, collection, _index_chunk, index_pb2.DocumentReplacement)
+    return [
+        index_pb2.ReplaceDocumentsRequest(collection=collection, documents=d) if d else None
+        for d in _by_owner(whole, shards)
+    ]
 
 
 def sparse_requests(
     collection: str, parts: Sequence[Part], shards: int
 ) -> list[sparse_pb2.ReplaceDocumentsRequest | None]:
-    """As index_requests, for the sparse store's shards: a document goes whole to the shard that
-    owns it (meshkit.domain.ids.document_shard); a shard that owns none of the batch gets none."""
-    per_shard: list[list[sparse_pb2.DocumentReplacement]] = [[] for _ in range(shards)]
-    whole = _replacements(parts, 1, collection, _sparse_chunk, sparse_pb2.DocumentReplacement)[0]
-    for document in whole:
-        per_shard[document_shard(document.doc_id, shards)].append(document)
+    """As index_requests, for the sparse store's shards."""
+    whole = _whole(parts, collection, _sparse_chunk, sparse_pb2.DocumentReplacement)
     return [
         sparse_pb2.ReplaceDocumentsRequest(collection=collection, documents=d) if d else None
-        for d in per_shard
+        for d in _by_owner(whole, shards)
     ]
 
 
@@ -225,18 +217,19 @@ class Filler:
             await call  # type: ignore[misc]
             return time.perf_counter() - t0
 
-        calls = [
+        index_calls = [
             timed(stub.ReplaceDocuments(r, timeout=WRITE_TIMEOUT_S))
             for stub, r in zip(self.index, to_index, strict=True)
+            if r is not None
         ]
-        calls += [
+        sparse_calls = [
             timed(stub.ReplaceDocuments(r, timeout=WRITE_TIMEOUT_S))
             for stub, r in zip(self.sparse, to_sparse, strict=True)
             if r is not None
         ]
-        times = await asyncio.gather(*calls)
-        stats.index_wait_s += max(times[: len(self.index)])
-        stats.sparse_wait_s += max(times[len(self.index) :], default=0.0)
+        times = await asyncio.gather(*index_calls, *sparse_calls)
+        stats.index_wait_s += max(times[: len(index_calls)], default=0.0)
+        stats.sparse_wait_s += max(times[len(index_calls) :], default=0.0)
         stats.batches += 1
 
     async def fill(self, target: int, deadline: float | None = None) -> FillStats:

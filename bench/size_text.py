@@ -21,12 +21,13 @@ up to each size in turn (incrementally) and measures it, then moves on to the ne
   across), `random` uniform on the sphere. Queries: {queries} vectors near a topic's centre
   (perturbed), with text of that topic's words and two common ones.
 - **Fill**: straight into the stores' `ReplaceDocuments` RPCs as the ingestion workers call them
-  (`services/ingestion/pipeline.py`): batches of 100 documents, one request per index shard (its
-  chunks by `meshkit.domain.ids.shard_of`, every document's replacement) and one to sparse, all in
-  parallel, two batches in flight, fence = version + 1. `fill_chunks_per_s` is chunks over wall
-  time; `fill_bound` the bench itself when it kept a core busy (generation, request building,
-  one Python thread), else the store whose calls the batches waited on longest; the detail
-  gives the cores every part used (CPU time from `/proc/<pid>/stat` over the fill).
+  (`services/ingestion/pipeline.py`): batches of 100 documents, one request per index shard and
+  one per sparse shard that own some of the batch's documents (a document goes whole to
+  `meshkit.domain.ids.document_shard`), all in parallel, two batches in flight, fence = version
+  + 1. `fill_chunks_per_s` is chunks over wall time; `fill_bound` the bench itself when it kept
+  a core busy (generation, request building, one Python thread), else the store whose calls the
+  batches waited on longest; the detail gives the cores every part used (CPU time from
+  `/proc/<pid>/stat` over the fill).
 - **Settling**: after a fill, the bench waits for the stores' snapshot intervals and until the
   index and sparse processes are idle (rebuilds, snapshots, uploads done), then calls `Snapshot`
   on every shard so what is on disk is one snapshot and no WAL.

@@ -18,7 +18,7 @@ from bench.size_fill import Filler
 from bench.size_measure import Mesh, checkpoint, measure_searches, ms, restart, run_load
 from bench.size_procs import disk_usage
 from bench.size_report import REQUIRED_FIELDS, fill_bound, markdown_table, missing_fields, write_doc
-from meshkit.domain.ids import shard_of
+from meshkit.domain.ids import document_shard
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh.index.v1 import index_pb2
 from ragmesh.sparse.v1 import sparse_pb2
@@ -140,11 +140,11 @@ class FakeIndex:
 
     async def ReplaceDocuments(self, request: index_pb2.ReplaceDocumentsRequest, timeout: float = 0) -> Any:
         for doc in request.documents:
+            assert document_shard(doc.doc_id, self.shards) == self.shard
             keep = set(doc.keep_chunk_ids) | {c.chunk_id for c in doc.upserts}
             for chunk_id in [c for c, (d, _) in self.chunks.items() if d == doc.doc_id and c not in keep]:
                 del self.chunks[chunk_id]
             for chunk in doc.upserts:
-                assert shard_of(chunk.chunk_id, self.shards) == self.shard
                 self.chunks[chunk.chunk_id] = (doc.doc_id, np.array(chunk.vector.values, dtype=np.float32))
             self.dept[doc.doc_id] = doc.source.metadata["dept"]
         return index_pb2.ReplaceDocumentsResponse()

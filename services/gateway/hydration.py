@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from meshkit.domain.ids import document_shard, shard_of
+from meshkit.domain.ids import document_shard
 from meshkit.rpc.client import DownstreamError
 from ragmesh.index.v1 import index_pb2
 from ragmesh.sparse.v1 import sparse_pb2
@@ -64,7 +64,9 @@ class Hydrator:
                 chunks.update((c.chunk_id, c) for c in reply.chunks)
                 failed.discard(number)
         if fallback:
-            fetched = await self._index_payloads(collection, fallback, end, degradations)
+            doc_of = {f.chunk_id: f.doc_id for f in top}
+            wanted = {chunk_id: doc_of[chunk_id] for chunk_id in fallback}
+            fetched = await self._index_payloads(collection, wanted, end, degradations)
             if fetched is None:
                 return top, {}
             chunks.update(fetched)
@@ -83,14 +85,15 @@ class Hydrator:
         return await sparse.call(sparse.stub.GetChunks, request, timeout=timeout, idempotent=True)
 
     async def _index_payloads(
-        self, collection: str, ids: list[str], end: float, degradations: Degradations
+        self, collection: str, ids: dict[str, str], end: float, degradations: Degradations
     ) -> dict[str, sparse_pb2.ChunkText] | None:
-        """The chunks' stored payloads from the shards that own them (meshkit.domain.ids.shard_of, as
-        the writers place them); None when a shard holding some of them did not answer."""
+        """The stored payloads of chunks ``ids`` (chunk id -> its doc id) from the index shards
+        that own their documents (meshkit.domain.ids.document_shard, as the writers place them);
+        None when a shard holding some of them did not answer."""
         shards = self.backends.shards
         owned: dict[int, list[str]] = {}
-        for chunk_id in ids:
-            owned.setdefault(shard_of(chunk_id, len(shards)), []).append(chunk_id)
+        for chunk_id, doc_id in ids.items():
+            owned.setdefault(document_shard(doc_id, len(shards)), []).append(chunk_id)
 
         async def fetch(number: int, chunk_ids: list[str]) -> index_pb2.GetChunksResponse:
             shard = shards[number]

@@ -125,8 +125,17 @@ class Record:
     mutation: Mutation
     collection: str = ""
     pos: int = 0
-    # The shard count of the layout that wrote a log entry (0: not said).
+    # The shard count of the layout that wrote a log entry (0: not said), and its placement.
     shard_count: int = 0
+    placement: str = ""
+
+
+def placement(shard_count: int) -> str:
+    """How a layout places documents on its shards, recorded with its data directories,
+    snapshots and log entries: "" with one shard, else "document" (a document and all its chunks
+    on meshkit.domain.ids.document_shard). Data of several shards without it placed each chunk by
+    its id, before documents were kept whole, and is refused rather than mixed in."""
+    return "document" if shard_count > 1 else ""
 
 
 class CorruptRecord(ValueError):
@@ -163,6 +172,8 @@ def encode(mutation: Mutation, *, collection: str = "", pos: int = 0, shard_coun
         header["pos"] = pos
     if shard_count:
         header["shards"] = shard_count
+    if placement(shard_count):
+        header["placement"] = placement(shard_count)
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     parts = [_PREFIX.pack(op, len(head)), head]
     parts.extend(np.ascontiguousarray(b, dtype="<f4").tobytes() for b in blobs)
@@ -200,6 +211,7 @@ def decode_record(payload: bytes, dimension: int) -> Record:
         collection = str(header.get("collection", ""))
         pos = int(header.get("pos", 0))
         shard_count = int(header.get("shards", 0))
+        placed = str(header.get("placement", ""))
         mutation: Mutation
         if op == _OP_UPSERT:
             vectors = _vectors(raw, len(header["chunk_ids"]), dimension)
@@ -218,7 +230,7 @@ def decode_record(payload: bytes, dimension: int) -> Record:
         if isinstance(exc, CorruptRecord):
             raise
         raise CorruptRecord(f"undecodable mutation payload: {exc}") from exc
-    return Record(mutation, collection, pos, shard_count)
+    return Record(mutation, collection, pos, shard_count, placed)
 
 
 def _decode_replace(header: dict[str, Any], raw: memoryview, dimension: int) -> Replace:

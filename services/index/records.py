@@ -36,6 +36,12 @@ def check_identity(directory: Path, identity: dict[str, object]) -> None:
     path = directory / IDENTITY_FILE
     if path.exists():
         stored = json.loads(path.read_text())
+        if stored != identity and "placement" in identity and "placement" not in stored:
+            raise CollectionMismatch(
+                f"{directory} was written by a {stored.get('shard_count')}-shard layout that placed "
+                "each chunk by its id; this one keeps a document on one shard (placement "
+                f"{identity['placement']!r}): re-fill this shard's collection into a fresh data dir"
+            )
         if stored != identity:
             raise CollectionMismatch(
                 f"{directory} holds {stored}, this process is configured for {identity}: "

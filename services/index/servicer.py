@@ -12,7 +12,7 @@ from meshkit.core.errors import failed_precondition, invalid_argument, resource_
 from meshkit.domain.ids import (
     doc_id_problem,
     document_page,
-    shard_of,
+    document_shard,
     validate_chunk_id,
     validate_collection,
 )
@@ -50,18 +50,24 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             validate_chunk_id(chunk_id)
         except Exception as exc:
             raise invalid_argument(f"{where}: {exc}") from exc
-        owner = shard_of(chunk_id, self.shard.shard_count)
-        if owner != self.shard.shard:
-            raise failed_precondition(
-                f"{where}: chunk {chunk_id} belongs to shard {owner} of {self.shard.shard_count}, "
-                f"this is shard {self.shard.shard}"
-            )
         return chunk_id
 
     def _doc_id(self, doc_id: str, where: str) -> str:
         problem = doc_id_problem(doc_id)
         if problem:
             raise invalid_argument(f"{where}: {problem}")
+        return doc_id
+
+    def _owned_doc_id(self, doc_id: str, where: str) -> str:
+        """A document this shard owns (meshkit.domain.ids.document_shard): a writer that places
+        it elsewhere has another layout, and its write would split the document."""
+        self._doc_id(doc_id, where)
+        owner = document_shard(doc_id, self.shard.shard_count)
+        if owner != self.shard.shard:
+            raise failed_precondition(
+                f"{where}: document {doc_id!r} belongs to shard {owner} of {self.shard.shard_count}, "
+                f"this is shard {self.shard.shard}"
+            )
         return doc_id
 
     def _vector(self, values: Sequence[float], where: str) -> np.ndarray:
@@ -90,7 +96,7 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
                     )
                 doc_ids.append(doc_id)
             else:
-                doc_ids.append(self._doc_id(chunk.doc_id, f"{at}.doc_id"))
+                doc_ids.append(self._owned_doc_id(chunk.doc_id, f"{at}.doc_id"))
             vectors[i] = self._vector(chunk.vector.values, f"{at}.vector")
         found = [self._payload(chunk, f"{where}[{i}]") for i, chunk in enumerate(chunks)]
         # A batch sent without any payload stores none (older writers).
@@ -160,7 +166,7 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
         documents = []
         for i, doc in enumerate(request.documents):
             where = f"documents[{i}]"
-            doc_id = self._doc_id(doc.doc_id, f"{where}.doc_id")
+            doc_id = self._owned_doc_id(doc.doc_id, f"{where}.doc_id")
             upserts = self._chunks(doc.upserts, f"{where}.upserts", doc_id=doc_id)
             keep = [
                 self._chunk_id(c, f"{where}.keep_chunk_ids[{j}]") for j, c in enumerate(doc.keep_chunk_ids)

@@ -119,6 +119,11 @@ class IndexShard(ReplicatedStore[CollectionIndex]):
             raise ValueError(
                 f"entry written for {record.shard_count} shards, this layout has {self.shard_count}"
             )
+        if record.shard_count and record.placement != mut.placement(self.shard_count):
+            raise ValueError(
+                f"entry written by a layout that placed chunks by {record.placement or 'chunk id'}, "
+                f"this one places them by {mut.placement(self.shard_count) or 'nothing (one shard)'}"
+            )
         return Decoded(record.collection, record.mutation, not isinstance(record.mutation, mut.Delete))
 
     def apply_mutation(self, collection: CollectionIndex, mutation: Any, pos: int) -> Any:

@@ -138,7 +138,13 @@ class CollectionIndex:
     ) -> CollectionIndex:
         """Load the current checkpoint, replay the WAL after it, and get ready for writes."""
         index = cls(name, directory, policy, shard=shard, shard_count=shard_count)
-        layout = {"dimension": policy.dimension, "shard": shard, "shard_count": shard_count}
+        layout: dict[str, object] = {
+            "dimension": policy.dimension,
+            "shard": shard,
+            "shard_count": shard_count,
+        }
+        if mut.placement(shard_count):
+            layout["placement"] = mut.placement(shard_count)
         check_identity(directory, {"collection": name, **layout})
         snapshot_dir = current_snapshot_dir(directory)
         if snapshot_dir is not None:
@@ -167,10 +173,13 @@ class CollectionIndex:
             ("dimension", self.policy.dimension),
             ("shard", self.shard),
             ("shard_count", self.shard_count),
+            ("placement", mut.placement(self.shard_count)),
         )
         for key, want in expected:
-            if meta[key] != want:
-                raise CollectionMismatch(f"snapshot of {self.name} has {key}={meta[key]}, expected {want}")
+            if meta.get(key, "") != want:
+                raise CollectionMismatch(
+                    f"snapshot of {self.name} has {key}={meta.get(key, '')!r}, expected {want}"
+                )
         if meta["format"] == LEGACY_FORMAT:
             self._s = legacy_state(read_legacy(snapshot_dir, meta), self.policy)
             self._layout_changed = True  # the next checkpoint writes it as segments
@@ -452,6 +461,7 @@ class CollectionIndex:
             "dimension": self.policy.dimension,
             "shard": self.shard,
             "shard_count": self.shard_count,
+            "placement": mut.placement(self.shard_count),
             "index_type": self._s.index_type(),
             "log_pos": log_pos,
             "log": log_id,

@@ -75,7 +75,6 @@ def failure_of(exc: BaseException, stage: str, job: Job | None = None) -> JobFai
 @dataclass
 class PreparedChunk:
     chunk_id: str
-    shard: int
     draft: ChunkDraft
     vector: list[float] | None = None
 

@@ -28,7 +28,7 @@ from prometheus_client import Counter, Histogram
 
 from meshkit.core.errors import ServiceError
 from meshkit.domain.collections import CollectionRegistry, EmbedderIdentity, RecordConflict
-from meshkit.domain.ids import chunk_id_for, document_shard, sha256_hex, shard_of
+from meshkit.domain.ids import chunk_id_for, document_shard, sha256_hex
 from meshkit.rpc import tracing
 from meshkit.rpc.client import Downstream
 from meshkit.settings import IngestionSettings
@@ -220,7 +220,6 @@ class IngestPipeline:
         job.chunks = self._identify(event, drafts)
 
     def _identify(self, event: IngestEvent, drafts: list[ChunkDraft]) -> list[PreparedChunk]:
-        shard_count = len(self.stores.shards)
         seen: set[str] = set()
         chunks = []
         for draft in drafts:
@@ -228,7 +227,7 @@ class IngestPipeline:
             if chunk_id in seen:  # a repeated passage is indexed once
                 continue
             seen.add(chunk_id)
-            chunks.append(PreparedChunk(chunk_id, shard_of(chunk_id, shard_count), draft))
+            chunks.append(PreparedChunk(chunk_id, draft))
         return chunks
 
     # --- embed: only what the record manager has not seen -----------------------------------
@@ -297,7 +296,9 @@ class IngestPipeline:
         STAGE_SECONDS.labels("write").observe(time.perf_counter() - started)
 
     async def _write_collection(self, collection: str, jobs: list[Job]) -> None:
-        calls = [self._replace_in_shard(collection, jobs, shard) for shard in range(len(self.stores.shards))]
+        calls = [
+            self._replace_in_shard(collection, group, shard) for shard, group in self._by_index_shard(jobs)
+        ]
         calls.append(self._replace_in_sparse(collection, jobs))
         results = await asyncio.gather(*calls, return_exceptions=True)
         stale: set[str] = set()
@@ -318,9 +319,16 @@ class IngestPipeline:
             for job in jobs:
                 job.failure = JobFailure(reason, permanent=False, transient=transient)
 
+    def _by_index_shard(self, jobs: list[Job]) -> list[tuple[int, list[Job]]]:
+        """The jobs grouped by the index shard that owns their document (all its chunks)."""
+        owned: dict[int, list[Job]] = {}
+        for job in jobs:
+            owned.setdefault(document_shard(job.event.doc_id, len(self.stores.shards)), []).append(job)
+        return sorted(owned.items())
+
     async def _replace_in_shard(self, collection: str, jobs: list[Job], shard: int) -> set[str]:
         downstream = self.stores.shards[shard]
-        documents = [self._shard_replacement(job, shard, resend=set()) for job in jobs]
+        documents = [self._shard_replacement(job, resend=set()) for job in jobs]
         request = index_pb2.ReplaceDocumentsRequest(collection=collection, documents=documents)
         reply = await downstream.call(
             downstream.stub.ReplaceDocuments, request, idempotent=True, timeout=STORE_CALL_TIMEOUT_S
@@ -332,7 +340,7 @@ class IngestPipeline:
             missing = set(reply.missing_chunk_ids)
             again = [job for job in jobs if job.event.doc_id not in stale]
             await self._embed_missing(again, missing)
-            documents = [self._shard_replacement(job, shard, resend=missing) for job in again]
+            documents = [self._shard_replacement(job, resend=missing) for job in again]
             request = index_pb2.ReplaceDocumentsRequest(collection=collection, documents=documents)
             reply = await downstream.call(
                 downstream.stub.ReplaceDocuments, request, idempotent=True, timeout=STORE_CALL_TIMEOUT_S
@@ -340,12 +348,10 @@ class IngestPipeline:
             stale.update(reply.stale_doc_ids)
         return stale
 
-    def _shard_replacement(self, job: Job, shard: int, resend: set[str]) -> index_pb2.DocumentReplacement:
+    def _shard_replacement(self, job: Job, resend: set[str]) -> index_pb2.DocumentReplacement:
         previous = job.previous_chunk_ids
         upserts, keep = [], []
         for chunk in job.chunks:
-            if chunk.shard != shard:
-                continue
             if chunk.chunk_id in previous and chunk.chunk_id not in resend:
                 keep.append(chunk.chunk_id)
             else:

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from meshkit.domain.ids import chunk_id_for, shard_of
+from meshkit.domain.ids import chunk_id_for, document_shard
 from meshkit.settings import IngestionSettings
 from ragmesh.index.v1 import index_pb2, index_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2
@@ -162,11 +162,12 @@ class Verifier:
                 (name, await self._list(stub, index_pb2.ListDocumentsRequest))
             )
         for shard, listings in by_shard.items():
+            # A document and all its chunks live on the shard that owns it, and only there.
             want = {
-                doc_id: {c for c in chunks if shard_of(c, shard_count) == shard}
+                doc_id: chunks
                 for doc_id, chunks in expected.items()
+                if chunks and document_shard(doc_id, shard_count) == shard
             }
-            want = {d: c for d, c in want.items() if c}
             for name, listing in listings:
                 self._compare(f"{name} (index shard {shard})", listing, want)
             self._same_fences([(n, lst) for n, lst in listings], f"index shard {shard}")

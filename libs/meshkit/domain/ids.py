@@ -69,27 +69,22 @@ def chunk_id_for(collection: str, doc_id: str, text: str) -> str:
     return h.hexdigest()[:32]
 
 
-def shard_of(chunk_id: str, shard_count: int) -> int:
-    """The index shard that owns a chunk: stable for a given shard count."""
-    return int(chunk_id[:8], 16) % max(1, shard_count)
-
-
 # Virtual buckets a collection's documents are spread over (see bucket_of).
 BUCKETS = 1024
 
 
 def bucket_of(doc_id: str, buckets: int = BUCKETS) -> int:
     """The virtual bucket of a document: a stable hash of its id (sha256, so every process and
-    every store agrees), modulo ``buckets``. Rows carry it so that a later change can map buckets
-    to shards and move one bucket's rows between shards; chunks are still assigned to shards by
-    ``shard_of`` today."""
+    every store agrees), modulo ``buckets``. Rows carry it so that a bucket's rows can be found
+    and moved between shards as one."""
     digest = hashlib.sha256(doc_id.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") % max(1, buckets)
 
 
 def document_shard(doc_id: str, shard_count: int) -> int:
-    """The sparse shard that owns a document (all its chunks): its virtual bucket, modulo the
-    shard count, so that a document's chunks live together and a bucket moves as one."""
+    """The shard that owns a document and all its chunks, in the index and in sparse alike: its
+    virtual bucket, modulo the shard count, so that a document's chunks live together (one
+    shard per document write, filter or hydration) and a bucket moves as one."""
     return bucket_of(doc_id) % max(1, shard_count)
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshkit.domain.ids import chunk_id_for, shard_of
+from meshkit.domain.ids import chunk_id_for
 from services.index.mutations import ChunkBatch, Replacement
 from services.index.records import IndexPolicy
 from services.index.store import CollectionIndex
@@ -30,14 +30,9 @@ def clustered_vectors(n: int, clusters: int = 40, seed: int = 0, dim: int = DIM)
     return unit(centres[rng.integers(0, clusters, n)] + 0.35 * rng.standard_normal((n, dim)))
 
 
-def cid(doc_id: str, i: int, shard: int | None = None, shard_count: int = 1) -> str:
-    """A content-addressed chunk id, optionally one that lands on ``shard``."""
-    salt = 0
-    while True:
-        chunk_id = chunk_id_for(COLLECTION, doc_id, f"text {i} {salt}")
-        if shard is None or shard_of(chunk_id, shard_count) == shard:
-            return chunk_id
-        salt += 1
+def cid(doc_id: str, i: int) -> str:
+    """A content-addressed chunk id."""
+    return chunk_id_for(COLLECTION, doc_id, f"text {i} 0")
 
 
 def batch(doc_ids: list[str], chunk_ids: list[str], vectors: np.ndarray) -> ChunkBatch:

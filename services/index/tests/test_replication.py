@@ -6,8 +6,9 @@ shard serves the others."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
+from meshkit.domain.ids import document_shard
 from ragmesh.index.v1 import index_pb2
 from tests.support.natsserver import NatsServer, nats_server_binary
 
@@ -132,35 +134,54 @@ async def caught_up(stubs: list[Any], timeout: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
+def owned_on(shard: int) -> Callable[[str], str]:
+    """Names for documents that ``shard`` owns (meshkit.domain.ids.document_shard): ``name``
+    with the first suffix that lands there, so names keep their order."""
+
+    def doc(name: str) -> str:
+        return next(
+            f"{name}-{k}" for k in itertools.count() if document_shard(f"{name}-{k}", SHARDS) == shard
+        )
+
+    return doc
+
+
 def doc_chunks(doc_id: str, vectors: np.ndarray, first: int, count: int, shard: int) -> list[Any]:
-    """Chunks of ``doc_id`` that belong to ``shard``."""
-    return [
-        chunk(doc_id, cid(doc_id, i, shard=shard, shard_count=SHARDS), vectors[i])
-        for i in range(first, first + count)
-    ]
+    """Chunks of ``doc_id``, a document ``shard`` owns."""
+    assert document_shard(doc_id, SHARDS) == shard
+    return [chunk(doc_id, cid(doc_id, i), vectors[i]) for i in range(first, first + count)]
 
 
 async def test_writes_through_either_replica_reach_both(pair: Pair) -> None:
     vectors = random_vectors(40, seed=3)
     n = pair.shard
+    doc = owned_on(n)
     a, b = pair.stub(0), pair.stub(1)
     # Interleaved writes through both replicas, some at once.
     await asyncio.gather(
-        replace(a, replacement("d1", doc_chunks("d1", vectors, 0, 5, n), fence=1)),
-        replace(b, replacement("d2", doc_chunks("d2", vectors, 5, 5, n), fence=1)),
-        replace(a, replacement("d3", doc_chunks("d3", vectors, 10, 5, n), fence=1)),
+        replace(a, replacement(doc("d1"), doc_chunks(doc("d1"), vectors, 0, 5, n), fence=1)),
+        replace(b, replacement(doc("d2"), doc_chunks(doc("d2"), vectors, 5, 5, n), fence=1)),
+        replace(a, replacement(doc("d3"), doc_chunks(doc("d3"), vectors, 10, 5, n), fence=1)),
     )
-    edited = doc_chunks("d2", vectors, 15, 3, n)
+    edited = doc_chunks(doc("d2"), vectors, 15, 3, n)
     await replace(
-        a, replacement("d2", edited, fence=2, keep=(doc_chunks("d2", vectors, 5, 1, n)[0].chunk_id,))
+        a,
+        replacement(doc("d2"), edited, fence=2, keep=(doc_chunks(doc("d2"), vectors, 5, 1, n)[0].chunk_id,)),
     )
-    await replace(b, replacement("d3", [], fence=2))  # a delete: an empty replacement
-    await b.Upsert(index_pb2.UpsertRequest(collection=COLLECTION, chunks=doc_chunks("d4", vectors, 20, 2, n)))
-    await a.Delete(index_pb2.DeleteRequest(collection=COLLECTION, doc_ids=["d1"]))
+    await replace(b, replacement(doc("d3"), [], fence=2))  # a delete: an empty replacement
+    await b.Upsert(
+        index_pb2.UpsertRequest(collection=COLLECTION, chunks=doc_chunks(doc("d4"), vectors, 20, 2, n))
+    )
+    await a.Delete(index_pb2.DeleteRequest(collection=COLLECTION, doc_ids=[doc("d1")]))
     await caught_up([a, b])
     first, second = await listing(a), await listing(b)
     assert first == second
-    assert [(d, f, len(c)) for d, f, c in first] == [("d1", 1, 0), ("d2", 2, 4), ("d3", 2, 0), ("d4", 0, 2)]
+    assert [(d, f, len(c)) for d, f, c in first] == [
+        (doc("d1"), 1, 0),
+        (doc("d2"), 2, 4),
+        (doc("d3"), 2, 0),
+        (doc("d4"), 0, 2),
+    ]
     query = index_pb2.SearchRequest(collection=COLLECTION, vector=vec(vectors[16]), top_k=10)
     hits_a, hits_b = await a.Search(query), await b.Search(query)
     assert [h.chunk_id for h in hits_a.hits] == [h.chunk_id for h in hits_b.hits]
@@ -170,54 +191,59 @@ async def test_writes_through_either_replica_reach_both(pair: Pair) -> None:
 async def test_fences_are_applied_alike_on_every_replica(pair: Pair) -> None:
     vectors = random_vectors(12, seed=5)
     n = pair.shard
+    doc = owned_on(n)
     a, b = pair.stub(0), pair.stub(1)
-    v5 = doc_chunks("doc", vectors, 0, 3, n)
-    assert (await replace(a, replacement("doc", v5, fence=5))).upserted == 3
+    v5 = doc_chunks(doc("doc"), vectors, 0, 3, n)
+    assert (await replace(a, replacement(doc("doc"), v5, fence=5))).upserted == 3
     # A writer whose claim is older (fence 3) is refused on whichever replica it reaches.
-    stale = await replace(b, replacement("doc", doc_chunks("doc", vectors, 3, 2, n), fence=3))
-    assert list(stale.stale_doc_ids) == ["doc"] and stale.upserted == 0
+    stale = await replace(b, replacement(doc("doc"), doc_chunks(doc("doc"), vectors, 3, 2, n), fence=3))
+    assert list(stale.stale_doc_ids) == [doc("doc")] and stale.upserted == 0
     # The same writer retrying (equal fence) is applied again; unfenced writes apply too.
-    again = await replace(b, replacement("doc", v5[:2], fence=5))
+    again = await replace(b, replacement(doc("doc"), v5[:2], fence=5))
     assert list(again.stale_doc_ids) == [] and again.removed == 1
     # A delete (empty replacement) with fence 7 leaves a tombstone that still refuses fence 6.
-    await replace(a, replacement("doc", [], fence=7))
-    late = await replace(b, replacement("doc", v5, fence=6))
-    assert list(late.stale_doc_ids) == ["doc"]
-    unfenced = await replace(a, replacement("other", doc_chunks("other", vectors, 6, 2, n)))
+    await replace(a, replacement(doc("doc"), [], fence=7))
+    late = await replace(b, replacement(doc("doc"), v5, fence=6))
+    assert list(late.stale_doc_ids) == [doc("doc")]
+    unfenced = await replace(a, replacement(doc("other"), doc_chunks(doc("other"), vectors, 6, 2, n)))
     assert unfenced.upserted == 2 and not unfenced.stale_doc_ids
     await caught_up([a, b])
     for stub in (a, b):
         assert await listing(stub) == [
-            ("doc", 7, []),
-            ("other", 0, sorted(c.chunk_id for c in doc_chunks("other", vectors, 6, 2, n))),
+            (doc("doc"), 7, []),
+            (doc("other"), 0, sorted(c.chunk_id for c in doc_chunks(doc("other"), vectors, 6, 2, n))),
         ]
 
 
 async def test_a_replica_with_an_empty_disk_comes_back_from_the_log(pair: Pair) -> None:
     vectors = random_vectors(30, seed=7)
     n = pair.shard
+    doc = owned_on(n)
     a = pair.stub(0)
     for i in range(6):
-        await replace(a, replacement(f"e{i}", doc_chunks(f"e{i}", vectors, i * 4, 4, n), fence=i + 1))
+        await replace(
+            a, replacement(doc(f"e{i}"), doc_chunks(doc(f"e{i}"), vectors, i * 4, 4, n), fence=i + 1)
+        )
     await caught_up([a, pair.stub(1)])
     await pair.stop(1)
     # Written while b is down.
-    await replace(a, replacement("e0", [], fence=20))
-    await replace(a, replacement("late", doc_chunks("late", vectors, 25, 3, n), fence=1))
+    await replace(a, replacement(doc("e0"), [], fence=20))
+    await replace(a, replacement(doc("late"), doc_chunks(doc("late"), vectors, 25, 3, n), fence=1))
     shutil.rmtree(pair.roots[1] / "data")  # disk loss
     b = (await pair.start(1)).stub
     await caught_up([a, b])
     assert await listing(b) == await listing(a)
-    assert [d for d, _f, c in await listing(b) if c] == ["e1", "e2", "e3", "e4", "e5", "late"]
+    assert [d for d, _f, c in await listing(b) if c] == [doc(f"e{i}") for i in range(1, 6)] + [doc("late")]
 
 
 async def test_a_corrupt_collection_is_quarantined_and_the_shard_serves_the_others(pair: Pair) -> None:
     vectors = random_vectors(10, seed=9)
     n = pair.shard
+    doc = owned_on(n)
     a = pair.stub(0)
-    await replace(a, replacement("x", doc_chunks("x", vectors, 0, 3, n), fence=1))
+    await replace(a, replacement(doc("x"), doc_chunks(doc("x"), vectors, 0, 3, n), fence=1))
     other = index_pb2.ReplaceDocumentsRequest(
-        collection="other", documents=[replacement("y", doc_chunks("y", vectors, 3, 3, n), fence=1)]
+        collection="other", documents=[replacement(doc("y"), doc_chunks(doc("y"), vectors, 3, 3, n), fence=1)]
     )
     await a.ReplaceDocuments(other, timeout=20)
     await a.Snapshot(index_pb2.SnapshotRequest(collection=COLLECTION))
@@ -237,7 +263,7 @@ async def test_a_corrupt_collection_is_quarantined_and_the_shard_serves_the_othe
     assert (
         await listing(a)
         == await listing(pair.stub(1))
-        == [("x", 1, sorted(c.chunk_id for c in doc_chunks("x", vectors, 0, 3, n)))]
+        == [(doc("x"), 1, sorted(c.chunk_id for c in doc_chunks(doc("x"), vectors, 0, 3, n)))]
     )
 
 
@@ -248,10 +274,11 @@ async def test_writes_are_refused_while_the_log_is_down_and_reads_go_on(tmp_path
     try:
         vectors = random_vectors(4, seed=1)
         n = served.shard.shard
-        await replace(served.stub, replacement("k", doc_chunks("k", vectors, 0, 2, n), fence=1))
+        doc = owned_on(n)
+        await replace(served.stub, replacement(doc("k"), doc_chunks(doc("k"), vectors, 0, 2, n), fence=1))
         server.kill()
         await expect_code(
-            replace(served.stub, replacement("k", doc_chunks("k", vectors, 2, 2, n), fence=2)),
+            replace(served.stub, replacement(doc("k"), doc_chunks(doc("k"), vectors, 2, 2, n), fence=2)),
             grpc.StatusCode.UNAVAILABLE,
             "replicated log did not take the write",
         )

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from grpc import aio
 
+from meshkit.domain.ids import document_shard
 from meshkit.rpc.server import RunningService, start_service
 from meshkit.settings import IndexSettings
 from ragmesh.common.v1 import common_pb2
@@ -227,28 +228,37 @@ async def test_validation_errors(served: Served) -> None:
     assert (await stub.Delete(index_pb2.DeleteRequest(collection="nope", doc_ids=["a"]))).removed == 0
 
 
-async def test_wrong_shard_is_rejected(tmp_path: Path) -> None:
+async def test_a_document_another_shard_owns_is_rejected(tmp_path: Path) -> None:
     served = await serve(make_settings(tmp_path, index_shard=1, index_shard_count=2))
     try:
         vector = random_vectors(1)[0]
-        mine, theirs = cid("a", 0, shard=1, shard_count=2), cid("a", 1, shard=0, shard_count=2)
-        await served.stub.Upsert(
-            index_pb2.UpsertRequest(collection="docs", chunks=[chunk("a", mine, vector)])
-        )
+        mine = next(f"m{i}" for i in range(100) if document_shard(f"m{i}", 2) == 1)
+        theirs = next(f"t{i}" for i in range(100) if document_shard(f"t{i}", 2) == 0)
+        own_chunk = chunk(mine, cid(mine, 0), vector)
+        await served.stub.Upsert(index_pb2.UpsertRequest(collection="docs", chunks=[own_chunk]))
         details = await expect_code(
             served.stub.Upsert(
                 index_pb2.UpsertRequest(
-                    collection="docs", chunks=[chunk("a", mine, vector), chunk("a", theirs, vector)]
+                    collection="docs", chunks=[own_chunk, chunk(theirs, cid(theirs, 0), vector)]
                 )
             ),
             grpc.StatusCode.FAILED_PRECONDITION,
             "belongs to shard 0 of 2",
         )
         assert "chunks[1]" in details
+        await expect_code(
+            served.stub.ReplaceDocuments(
+                index_pb2.ReplaceDocumentsRequest(
+                    collection="docs", documents=[index_pb2.DocumentReplacement(doc_id=theirs)]
+                )
+            ),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "belongs to shard 0 of 2",
+        )
         response = await served.stub.Search(
             index_pb2.SearchRequest(collection="docs", vector=vec(vector), top_k=5)
         )
-        assert [h.chunk_id for h in response.hits] == [mine] and response.shard == 1
+        assert [h.chunk_id for h in response.hits] == [own_chunk.chunk_id] and response.shard == 1
     finally:
         await shutdown(served)
 

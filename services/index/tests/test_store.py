@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -8,18 +9,22 @@ import numpy as np
 import pytest
 
 from meshkit.core.errors import ServiceError
+from services.index import mutations as mut
 from services.index import store as store_module
 from services.index.backends import FlatBackend, faiss
+from services.index.records import IDENTITY_FILE, CollectionMismatch
 from services.index.store import CollectionIndex
 from services.index.wal import WalCorruption
 
 from .conftest import (
+    DIM,
     batch,
     brute_force,
     cid,
     clustered_vectors,
     doc_batch,
     open_index,
+    policy,
     random_vectors,
     replacement,
 )
@@ -394,3 +399,33 @@ def test_corruption_before_the_last_segment_stops_recovery(tmp_path: Path) -> No
     (wal_dir / "00000000000000000000.wal").write_bytes(bytes(damaged))  # an older, damaged segment
     with pytest.raises(WalCorruption):
         open_index(tmp_path, index_type="flat")
+
+
+def test_a_multi_shard_layout_records_document_placement_and_refuses_one_without_it(
+    tmp_path: Path,
+) -> None:
+    index = CollectionIndex.open("docs", tmp_path / "docs", policy(), shard=1, shard_count=2)
+    index.upsert(doc_batch("doc-a", [cid("doc-a", 0)], random_vectors(1)))
+    index.snapshot()
+    index.close()
+    identity = json.loads((tmp_path / "docs" / IDENTITY_FILE).read_text())
+    assert identity["placement"] == "document"
+    # A directory of a 2-shard layout from before documents were kept whole on one shard (each
+    # chunk placed by its own id) holds chunks other shards own now: refused, not mixed in.
+    del identity["placement"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / IDENTITY_FILE).write_text(json.dumps(identity))
+    with pytest.raises(CollectionMismatch, match="placement"):
+        CollectionIndex.open("docs", tmp_path / "old", policy(), shard=1, shard_count=2)
+    # One shard places nothing: its directories are as they were.
+    single = CollectionIndex.open("docs", tmp_path / "one", policy())
+    single.close()
+    assert "placement" not in json.loads((tmp_path / "one" / IDENTITY_FILE).read_text())
+
+
+def test_log_entries_of_several_shards_carry_their_placement() -> None:
+    upsert = mut.Upsert(doc_batch("doc-a", [cid("doc-a", 0)], random_vectors(1)))
+    record = mut.decode_record(mut.encode(upsert, collection="docs", shard_count=2), DIM)
+    assert (record.shard_count, record.placement) == (2, "document")
+    single = mut.decode_record(mut.encode(upsert, collection="docs", shard_count=1), DIM)
+    assert (single.shard_count, single.placement) == (1, "")
