@@ -18,7 +18,18 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ragmesh_cli import answer_eval, ask, certs, evaluation, keys, loadtest, mcp_server, reindex, search
+from ragmesh_cli import (
+    answer_eval,
+    ask,
+    calibrate,
+    certs,
+    evaluation,
+    keys,
+    loadtest,
+    mcp_server,
+    reindex,
+    search,
+)
 from ragmesh_cli.addresses import resolve_address
 from ragmesh_cli.channels import ingestion_client, use_api_key, use_state_dir
 from ragmesh_cli.config import cmd_config
@@ -35,7 +46,7 @@ from ragmesh_cli.stack import (
     stack_is_running,
 )
 from ragmesh_cli.state import DEFAULT_STATE_DIR, state_dir_of
-from ragmesh_cli.tables import format_table, shorten
+from ragmesh_cli.tables import calibration_dict, calibration_text, format_table, shorten
 from ragmesh_client import AsyncClient, CollectionStatus, DeadLetter, RagmeshError
 
 RPC_TIMEOUT_S = 60.0
@@ -136,6 +147,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if counts is not None:
             out["collection"] = counts.collection or args.collection
             out.update({k: int(getattr(counts, k)) for k in _COUNT_FIELDS})
+            out["calibration"] = calibration_dict(counts.calibration)
         print(json.dumps(out, indent=2))
         return 0
     print(process_table(statuses) if statuses else f"no local stack recorded in {state_dir}")
@@ -143,6 +155,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print()
         print(f"collection {args.collection!r}")
         print(format_table(["STATE", "COUNT"], [(k, getattr(counts, k)) for k in _COUNT_FIELDS]))
+        print(calibration_text(counts.calibration))
     return 0
 
 
@@ -422,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     build_reranker.set_defaults(func=cmd_build_reranker)
 
     reindex.add_parser(sub, common)
+    calibrate.add_parser(sub, common)
 
     config = sub.add_parser("config", parents=[common], help="every RAGMESH_* setting with its default")
     config.add_argument("--json", action="store_true")

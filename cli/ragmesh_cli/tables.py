@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
+
+from ragmesh_client import CollectionCalibration
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -18,3 +21,41 @@ def shorten(text: str, limit: int) -> str:
     """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def calibration_dict(calibration: CollectionCalibration | None) -> dict[str, Any] | None:
+    """A collection's calibration as ``ragmesh status --json`` prints it (None: none recorded)."""
+    if calibration is None:
+        return None
+    fields = asdict(calibration)
+    fields["weights"] = dict(calibration.weights)
+    fields["measured"] = dict(calibration.measured)
+    fields["calibrated_at"] = calibration.calibrated_at.isoformat() if calibration.calibrated_at else None
+    return fields
+
+
+def calibration_text(calibration: CollectionCalibration | None) -> str:
+    """The calibration lines of ``ragmesh status --collection C``."""
+    if calibration is None:
+        return "calibration: none recorded (searches use the server defaults)"
+    weights = (
+        ", ".join(f"{leg} {weight:g}" for leg, weight in calibration.weights.items())
+        if any(calibration.weights.values())
+        else "server default"
+    )
+    margin = (
+        "server default" if calibration.keep_fused_margin is None else f"{calibration.keep_fused_margin:g}"
+    )
+    measured = ", ".join(f"{name} {value:.3f}" for name, value in sorted(calibration.measured.items()))
+    when = calibration.calibrated_at.isoformat(timespec="seconds") if calibration.calibrated_at else "?"
+    return "\n".join(
+        [
+            f"calibration ({calibration.method or 'unnamed method'}, {when}, embedder "
+            f"{calibration.embedder_sha256[:12] or '?'}):",
+            f"  rerank {'on' if calibration.rerank else 'off'}; keep-fused margin {margin}; "
+            f"weights {weights}",
+            f"  measured on {calibration.queries} queries from {calibration.documents} documents: {measured}",
+            f"  reranked - fused {calibration.rerank_gain:+.3f} "
+            f"[{calibration.rerank_gain_low:+.3f}, {calibration.rerank_gain_high:+.3f}]",
+        ]
+    )

@@ -30,6 +30,7 @@ from meshkit.domain.collections import (
 from meshkit.rpc.client import DownstreamError
 from meshkit.settings import GatewaySettings
 from meshkit.storage.natsconn import connect_options
+from services.gateway.calibration import calibrated
 from services.gateway.validation import SearchParams
 
 log = logging.getLogger(__name__)
@@ -98,12 +99,13 @@ class CollectionResolver:
             return self._records
 
     async def resolve(self, params: SearchParams) -> SearchParams:
-        """``params`` searching the generation that serves its collection, with its record."""
+        """``params`` searching the generation that serves its collection, with its record and
+        the collection's calibration for the choices the request left unset."""
         records = await self._open()
         record = await records.get(params.collection) if records is not None else None
         if record is None:
             return params
-        return replace(params, collection=record.physical, record=record)
+        return calibrated(replace(params, collection=record.physical, record=record))
 
     async def close(self) -> None:
         if self._task is not None:

@@ -5,7 +5,7 @@ downstream sees it, and the request's options resolved against the server defaul
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshkit.core.errors import invalid_argument, resource_exhausted
 from meshkit.domain.collections import CollectionRecord, reserved_name_problem
@@ -80,6 +80,12 @@ class SearchParams:
     # Set by an Ask: a question under this floor will be refused as off topic, so reranking
     # its passages would be time spent on an answer that is not given.
     skip_rerank_off_topic: TopicalityFloor | None = None
+    # The options the request set itself ("rerank", "keep_fused_margin", "weights.<leg>"): a
+    # collection's calibration (services/gateway/calibration.py) fills in only the others.
+    explicit: frozenset[str] = frozenset()
+    # Set by an Ask: its evidence gate reads the cross-encoder's scores of the passages, so a
+    # calibration that turns reranking off keeps the fused order but still has them scored.
+    scores_passages: bool = False
 
     def enabled(self, leg: str) -> bool:
         return self.weights[leg] > 0
@@ -180,7 +186,13 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
         hyde_mode=request.hyde_mode,
         metadata_filter=_metadata_filter(request.filter),
         history=tuple(request.history),
+        explicit=_explicit_options(request),
     )
+
+
+def _explicit_options(request: gateway_pb2.SearchRequest) -> frozenset[str]:
+    given = {name for name in ("rerank", "keep_fused_margin") if request.HasField(name)}
+    return frozenset(given | {f"weights.{leg}" for leg in LEGS if request.weights.HasField(leg)})
 
 
 ANSWER_MODES = {gateway_pb2.ANSWER_MODE_LLM: "llm", gateway_pb2.ANSWER_MODE_EXTRACTIVE: "extractive"}
@@ -206,7 +218,7 @@ def validate_ask(request: gateway_pb2.AskRequest, settings: GatewaySettings) -> 
     )
     if request.HasField("rerank"):
         search.rerank = request.rerank
-    return validate_search(search, settings), passages, mode
+    return replace(validate_search(search, settings), scores_passages=True), passages, mode
 
 
 def _validate_history(history: list[narrator_pb2.ChatTurn], settings: GatewaySettings) -> None:

@@ -35,6 +35,7 @@ from meshkit.settings import IngestionSettings
 from meshkit.storage.natsconn import connect_options
 from meshkit.storage.objectstore import UNAVAILABLE_ERRORS, ObjectStore
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
+from services.ingestion.calibration import CalibrationCalls
 from services.ingestion.deadletters import DeadLetter, DeadLetters
 from services.ingestion.events import IngestEvent, new_request_id, object_key_for
 from services.ingestion.lifecycle.entries import DocStatus
@@ -73,6 +74,7 @@ ACCESS = {
     "ListDeadLetters": Rule(READ, _collection, all_when_empty=True),
     "ReplayDeadLetters": Rule(WRITE, _collection, all_when_empty=True),
     "ReindexCollection": Rule(WRITE, _collection),
+    "SetCollectionCalibration": Rule(WRITE, _collection),
 }
 
 
@@ -93,7 +95,7 @@ def unavailable_error(doing: str, exc: BaseException, **context: Any) -> Service
     return unavailable(f"could not {doing}: {part}; retry the call (request id {current_request_id()})")
 
 
-class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
+class IngestionServicer(CalibrationCalls, ingestion_pb2_grpc.IngestionServiceServicer):
     def __init__(self, settings: IngestionSettings) -> None:
         self.settings = settings
         self.view = StatusView(settings)
@@ -347,6 +349,7 @@ class IngestionServicer(ingestion_pb2_grpc.IngestionServiceServicer):
             failed=states[FAILED],
             deleting=states[DELETING],
             chunks=counts.chunks,
+            calibration=await self.recorded_calibration(collection),
         )
 
     async def ListCollections(

@@ -24,6 +24,7 @@ FAILED_AT = datetime(2026, 12, 1, 9, 30, 5, 250000, tzinfo=UTC)
 class Ingestion(ingestion_pb2_grpc.IngestionServiceServicer):
     def __init__(self) -> None:
         self.fail_next: list[grpc.StatusCode] = []
+        self.calibration: ingestion_pb2.CollectionCalibration | None = None
         self.calls: list[tuple[str, dict[str, str], Any]] = []
 
     def _enter(self, method: str, request: Any, context: grpc.ServicerContext) -> None:
@@ -43,6 +44,7 @@ class Ingestion(ingestion_pb2_grpc.IngestionServiceServicer):
             failed=3,
             deleting=0,
             chunks=812,
+            calibration=self.calibration,
         )
 
     def DeleteDocuments(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -112,6 +114,36 @@ def test_status_of_a_collection_table_and_json(api: Ingestion, capsys: pytest.Ca
     assert body["collection"] == "docs" and body["indexed"] == 40 and body["chunks"] == 812
     assert body["processes"] == []
     assert all(md.get("authorization") == "Bearer k-ops" for _, md, _ in api.calls)
+
+
+def test_status_shows_the_collections_calibration(api: Ingestion, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--collection", "docs"]) == 0
+    assert "calibration: none recorded" in capsys.readouterr().out
+    calibrated_at = Timestamp()
+    calibrated_at.FromDatetime(FAILED_AT)
+    api.calibration = ingestion_pb2.CollectionCalibration(
+        rerank=False,
+        weight_dense=1.0,
+        weight_bm25=0.5,
+        queries=150,
+        documents=150,
+        measured={"fused": 0.612, "reranked": 0.587},
+        rerank_gain=-0.025,
+        rerank_gain_low=-0.04,
+        rerank_gain_high=-0.01,
+        method="pseudo-queries/v1",
+        calibrated_at=calibrated_at,
+        embedder_sha256="ab" * 32,
+    )
+    assert main(["status", "--collection", "docs"]) == 0
+    out = capsys.readouterr().out
+    assert "calibration (pseudo-queries/v1, 2026-12-01T09:30:05+00:00, embedder abababababab)" in out
+    assert "rerank off; keep-fused margin server default; weights dense 1, bm25 0.5, exact 0" in out
+    assert "fused 0.612, reranked 0.587" in out and "-0.025 [-0.040, -0.010]" in out
+    assert main(["status", "--collection", "docs", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["calibration"]
+    assert shown["rerank"] is False and shown["weights"] == {"dense": 1.0, "bm25": 0.5, "exact": 0.0}
+    assert shown["keep_fused_margin"] is None and shown["queries"] == 150
 
 
 def test_a_status_read_is_retried_on_unavailable(api: Ingestion, capsys: pytest.CaptureFixture[str]) -> None:

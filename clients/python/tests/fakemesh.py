@@ -46,6 +46,7 @@ class Script:
     reindex_documents: int = 5
     # (collection, start) of every ReindexCollection call.
     reindex_calls: list[tuple[str, bool]] = field(default_factory=list)
+    calibrations: list[Any] = field(default_factory=list)
 
     def attempts(self, method: str) -> int:
         return sum(1 for s in self.seen if s.method == method)
@@ -227,6 +228,18 @@ class FakeIngestion(_Base, ingestion_pb2_grpc.IngestionServiceServicer):
     def GetCollectionStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._attempt("GetCollectionStatus", context)
         return ingestion_pb2.GetCollectionStatusResponse(collection=request.collection, indexed=3, chunks=9)
+
+    def SetCollectionCalibration(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """Records the calibration sent (stamped as the server does) and answers it."""
+        self._attempt("SetCollectionCalibration", context)
+        reply = ingestion_pb2.SetCollectionCalibrationResponse()
+        if not request.clear:
+            reply.calibration.CopyFrom(request.calibration)
+            reply.calibration.embedder_sha256 = "e" * 64
+            reply.calibration.calibrated_at.FromSeconds(1_700_000_000)
+        with self.script.lock:
+            self.script.calibrations.append(request)
+        return reply
 
     def ReplayDeadLetters(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._attempt("ReplayDeadLetters", context)

@@ -4,6 +4,7 @@ against the in-process fake of the ingestion API."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from ragmesh_client import (
     AsyncClient,
     Client,
+    CollectionCalibration,
     Document,
     DocumentsRejectedError,
     InvalidArgumentError,
@@ -133,6 +135,32 @@ def test_reindex_step_is_retried_like_a_read(mesh: FakeMesh, client: Client) -> 
     mesh.script.outcomes = [UNAVAILABLE, UNAVAILABLE]
     assert client.reindex_step("docs", start=True).phase == "building"
     assert mesh.script.attempts("ReindexCollection") == 3
+
+
+def test_a_calibration_is_sent_whole_retried_and_read_back(mesh: FakeMesh, client: Client) -> None:
+    sent = CollectionCalibration(
+        rerank=False,
+        weights={"dense": 1.0, "bm25": 0.5, "exact": 0.0},
+        keep_fused_margin=2.0,
+        queries=120,
+        documents=100,
+        # Exact in float32, the contract's type.
+        measured={"fused": 0.5, "reranked": 0.375},
+        rerank_gain=-0.125,
+        rerank_gain_low=-0.25,
+        rerank_gain_high=-0.0625,
+        method="pseudo-queries/v1",
+    )
+    mesh.script.outcomes = [UNAVAILABLE]
+    recorded = client.set_collection_calibration("docs", sent)
+    assert mesh.script.attempts("SetCollectionCalibration") == 2
+    assert recorded is not None and recorded.embedder_sha256 == "e" * 64
+    assert recorded.calibrated_at is not None and recorded.calibrated_at.year == 2023
+    assert replace(recorded, calibrated_at=None, embedder_sha256="") == sent
+    request = mesh.script.calibrations[-1]
+    assert request.collection == "docs" and not request.clear and request.calibration.weight_bm25 == 0.5
+    assert client.set_collection_calibration("docs", None) is None
+    assert mesh.script.calibrations[-1].clear
 
 
 def test_reindex_rides_out_a_failing_step(mesh: FakeMesh) -> None:

@@ -37,6 +37,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from meshkit.core.errors import ServiceError, failed_precondition
+from meshkit.domain.calibration import Calibration
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +109,19 @@ class CollectionRecord:
     retired_generation: int = 0
     switched_at: float = 0.0
     updated_at: float = field(default_factory=time.time)
+    # The search choices measured for the collection (ragmesh calibrate); None: server defaults.
+    calibration: Calibration | None = None
 
     @property
     def physical(self) -> str:
         return physical_name(self.collection, self.generation)
+
+    def calibration_in_force(self) -> Calibration | None:
+        """The calibration, while the serving generation's embedder is the one it was measured on."""
+        calibration, embedder = self.calibration, self.embedder
+        if calibration is None or embedder is None or not calibration.applies_to(embedder.sha256):
+            return None
+        return calibration
 
     def embedder_of(self, generation: int) -> EmbedderIdentity | None:
         return self.pending_embedder if generation == self.pending_generation else self.embedder
@@ -136,6 +146,7 @@ class CollectionRecord:
             retired_generation=int(raw.get("retired_generation", 0)),
             switched_at=float(raw.get("switched_at", 0.0)),
             updated_at=float(raw.get("updated_at", 0.0)),
+            calibration=Calibration.from_dict(raw.get("calibration")),
         )
 
 

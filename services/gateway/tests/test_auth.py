@@ -133,7 +133,13 @@ def test_every_public_method_has_an_access_rule() -> None:
     assert set(GATEWAY_ACCESS) == {m.name for m in gateway.methods}
     assert set(INGESTION_ACCESS) == {m.name for m in ingestion.methods}
     writes = {name for name, rule in INGESTION_ACCESS.items() if rule.action == "write"}
-    assert writes == {"IngestDocuments", "DeleteDocuments", "ReplayDeadLetters", "ReindexCollection"}
+    assert writes == {
+        "IngestDocuments",
+        "DeleteDocuments",
+        "ReplayDeadLetters",
+        "ReindexCollection",
+        "SetCollectionCalibration",
+    }
     stream_request = gateway_pb2.AskStreamRequest(request=gateway_pb2.AskRequest(collection="c1"))
     assert GATEWAY_ACCESS["AskStream"].collection is not None
     assert GATEWAY_ACCESS["AskStream"].collection(stream_request) == "c1"

@@ -19,6 +19,7 @@ from ragmesh_client.types import (
     AskEvent,
     AskProgress,
     Citation,
+    CollectionCalibration,
     CollectionStatus,
     DeadLetter,
     DeadLetterPage,
@@ -402,7 +403,48 @@ def collection_status(response: ingestion_pb2.GetCollectionStatusResponse) -> Co
         failed=response.failed,
         deleting=response.deleting,
         chunks=response.chunks,
+        calibration=calibration(response.calibration) if response.HasField("calibration") else None,
     )
+
+
+_LEGS = ("dense", "bm25", "exact")
+
+
+def calibration(message: ingestion_pb2.CollectionCalibration) -> CollectionCalibration:
+    return CollectionCalibration(
+        rerank=message.rerank,
+        weights={leg: getattr(message, f"weight_{leg}") for leg in _LEGS},
+        keep_fused_margin=message.keep_fused_margin if message.HasField("keep_fused_margin") else None,
+        queries=message.queries,
+        documents=message.documents,
+        measured=dict(message.measured),
+        rerank_gain=message.rerank_gain,
+        rerank_gain_low=message.rerank_gain_low,
+        rerank_gain_high=message.rerank_gain_high,
+        method=message.method,
+        calibrated_at=_time(message, "calibrated_at"),
+        embedder_sha256=message.embedder_sha256,
+    )
+
+
+def calibration_message(value: CollectionCalibration) -> ingestion_pb2.CollectionCalibration:
+    """The request form of a calibration (the server sets calibrated_at and the embedder)."""
+    message = ingestion_pb2.CollectionCalibration(
+        rerank=value.rerank,
+        queries=value.queries,
+        documents=value.documents,
+        measured=dict(value.measured),
+        rerank_gain=value.rerank_gain,
+        rerank_gain_low=value.rerank_gain_low,
+        rerank_gain_high=value.rerank_gain_high,
+        method=value.method,
+        weight_dense=float(value.weights.get("dense", 0.0)),
+        weight_bm25=float(value.weights.get("bm25", 0.0)),
+        weight_exact=float(value.weights.get("exact", 0.0)),
+    )
+    if value.keep_fused_margin is not None:
+        message.keep_fused_margin = value.keep_fused_margin
+    return message
 
 
 def dead_letter_page(response: ingestion_pb2.ListDeadLettersResponse) -> DeadLetterPage:

@@ -37,6 +37,7 @@ from ragmesh_client.errors import DocumentsRejectedError, RagmeshError
 from ragmesh_client.types import (
     Answer,
     AskEvent,
+    CollectionCalibration,
     CollectionStatus,
     DeadLetterPage,
     Document,
@@ -223,6 +224,30 @@ class Operations(CallBuilder):
                     ingestion_pb2.GetCollectionStatusRequest(collection=collection),
                     self._timeout(timeout, self.config.timeouts.other),
                     lambda reply, _rid: _convert.collection_status(reply),
+                )
+            )
+        )
+
+    @operation
+    def set_collection_calibration(
+        self, collection: str, calibration: CollectionCalibration | None, *, timeout: float | None = None
+    ) -> Steps[CollectionCalibration | None]:
+        """Record ``calibration`` for ``collection`` (None: clear it); returns what is recorded."""
+        request = ingestion_pb2.SetCollectionCalibrationRequest(
+            collection=collection, clear=calibration is None
+        )
+        if calibration is not None:
+            request.calibration.CopyFrom(_convert.calibration_message(calibration))
+        return (
+            yield from run(
+                Call(
+                    INGESTION,
+                    "SetCollectionCalibration",
+                    request,
+                    self._timeout(timeout, self.config.timeouts.other),
+                    lambda reply, _rid: (
+                        _convert.calibration(reply.calibration) if reply.HasField("calibration") else None
+                    ),
                 )
             )
         )

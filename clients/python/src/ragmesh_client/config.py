@@ -37,6 +37,8 @@ SAFE_METHODS: dict[str, tuple[str, ...]] = {
         # Idempotent by design: a step recomputes its plan from the collection record and the
         # status view, so a repeated step never submits a document twice.
         "ReindexCollection",
+        # Sets the record to the value sent: a repeat writes the same.
+        "SetCollectionCalibration",
     ),
 }
 RETRYABLE_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")

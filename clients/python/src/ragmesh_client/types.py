@@ -6,6 +6,7 @@ callers that need a field this layer does not map yet.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -230,6 +231,30 @@ class DocumentStatus:
 
 
 @dataclass(frozen=True)
+class CollectionCalibration:
+    """The search choices calibrated for a collection (``ragmesh calibrate``) and what they were
+    chosen on: the gateway applies them to searches that leave them unset."""
+
+    rerank: bool
+    # Leg name ("dense", "bm25", "exact") -> default RRF weight.
+    weights: Mapping[str, float]
+    # None: the server default.
+    keep_fused_margin: float | None = None
+    queries: int = 0
+    documents: int = 0
+    # System -> nDCG@10 on the pseudo-queries.
+    measured: Mapping[str, float] = field(default_factory=dict)
+    # reranked - fused on the pseudo-queries, with its 95% paired-bootstrap interval.
+    rerank_gain: float = 0.0
+    rerank_gain_low: float = 0.0
+    rerank_gain_high: float = 0.0
+    method: str = ""
+    # Set by the server.
+    calibrated_at: datetime | None = None
+    embedder_sha256: str = ""
+
+
+@dataclass(frozen=True)
 class CollectionStatus:
     collection: str
     queued: int
@@ -238,6 +263,7 @@ class CollectionStatus:
     failed: int
     deleting: int
     chunks: int
+    calibration: CollectionCalibration | None = None
 
 
 @dataclass(frozen=True)

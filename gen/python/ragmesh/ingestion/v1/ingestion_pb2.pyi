@@ -168,7 +168,7 @@ class GetCollectionStatusRequest(_message.Message):
     def __init__(self, collection: _Optional[str] = ...) -> None: ...
 
 class GetCollectionStatusResponse(_message.Message):
-    __slots__ = ("collection", "queued", "processing", "indexed", "failed", "deleting", "chunks")
+    __slots__ = ("collection", "queued", "processing", "indexed", "failed", "deleting", "chunks", "calibration")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     PROCESSING_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class GetCollectionStatusResponse(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     DELETING_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
     collection: str
     queued: int
     processing: int
@@ -183,7 +184,63 @@ class GetCollectionStatusResponse(_message.Message):
     failed: int
     deleting: int
     chunks: int
-    def __init__(self, collection: _Optional[str] = ..., queued: _Optional[int] = ..., processing: _Optional[int] = ..., indexed: _Optional[int] = ..., failed: _Optional[int] = ..., deleting: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+    calibration: CollectionCalibration
+    def __init__(self, collection: _Optional[str] = ..., queued: _Optional[int] = ..., processing: _Optional[int] = ..., indexed: _Optional[int] = ..., failed: _Optional[int] = ..., deleting: _Optional[int] = ..., chunks: _Optional[int] = ..., calibration: _Optional[_Union[CollectionCalibration, _Mapping]] = ...) -> None: ...
+
+class CollectionCalibration(_message.Message):
+    __slots__ = ("rerank", "keep_fused_margin", "weight_dense", "weight_bm25", "weight_exact", "queries", "documents", "measured", "rerank_gain", "rerank_gain_low", "rerank_gain_high", "method", "calibrated_at", "embedder_sha256")
+    class MeasuredEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    RERANK_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FUSED_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DENSE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_BM25_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_EXACT_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    RERANK_GAIN_FIELD_NUMBER: _ClassVar[int]
+    RERANK_GAIN_LOW_FIELD_NUMBER: _ClassVar[int]
+    RERANK_GAIN_HIGH_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDER_SHA256_FIELD_NUMBER: _ClassVar[int]
+    rerank: bool
+    keep_fused_margin: float
+    weight_dense: float
+    weight_bm25: float
+    weight_exact: float
+    queries: int
+    documents: int
+    measured: _containers.ScalarMap[str, float]
+    rerank_gain: float
+    rerank_gain_low: float
+    rerank_gain_high: float
+    method: str
+    calibrated_at: _timestamp_pb2.Timestamp
+    embedder_sha256: str
+    def __init__(self, rerank: _Optional[bool] = ..., keep_fused_margin: _Optional[float] = ..., weight_dense: _Optional[float] = ..., weight_bm25: _Optional[float] = ..., weight_exact: _Optional[float] = ..., queries: _Optional[int] = ..., documents: _Optional[int] = ..., measured: _Optional[_Mapping[str, float]] = ..., rerank_gain: _Optional[float] = ..., rerank_gain_low: _Optional[float] = ..., rerank_gain_high: _Optional[float] = ..., method: _Optional[str] = ..., calibrated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., embedder_sha256: _Optional[str] = ...) -> None: ...
+
+class SetCollectionCalibrationRequest(_message.Message):
+    __slots__ = ("collection", "calibration", "clear")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    calibration: CollectionCalibration
+    clear: bool
+    def __init__(self, collection: _Optional[str] = ..., calibration: _Optional[_Union[CollectionCalibration, _Mapping]] = ..., clear: _Optional[bool] = ...) -> None: ...
+
+class SetCollectionCalibrationResponse(_message.Message):
+    __slots__ = ("calibration",)
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    calibration: CollectionCalibration
+    def __init__(self, calibration: _Optional[_Union[CollectionCalibration, _Mapping]] = ...) -> None: ...
 
 class ListCollectionsRequest(_message.Message):
     __slots__ = ()

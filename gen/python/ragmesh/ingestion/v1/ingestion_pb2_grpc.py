@@ -83,6 +83,11 @@ class IngestionServiceStub:
                 request_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionRequest.SerializeToString,
                 response_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionResponse.FromString,
                 _registered_method=True)
+        self.SetCollectionCalibration = channel.unary_unary(
+                '/ragmesh.ingestion.v1.IngestionService/SetCollectionCalibration',
+                request_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.SetCollectionCalibrationRequest.SerializeToString,
+                response_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.SetCollectionCalibrationResponse.FromString,
+                _registered_method=True)
 
 
 class IngestionServiceServicer:
@@ -163,6 +168,16 @@ class IngestionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetCollectionCalibration(self, request, context):
+        """Record (or clear) a collection's calibration, measured by `ragmesh calibrate` on the
+        collection's own documents. The gateway applies it to every search and ask of the
+        collection that leaves rerank, keep_fused_margin or a leg weight unset, while the
+        collection is served by the embedder it was measured with.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IngestionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -210,6 +225,11 @@ def add_IngestionServiceServicer_to_server(servicer, server):
                     servicer.ReindexCollection,
                     request_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionRequest.FromString,
                     response_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionResponse.SerializeToString,
+            ),
+            'SetCollectionCalibration': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCollectionCalibration,
+                    request_deserializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.SetCollectionCalibrationRequest.FromString,
+                    response_serializer=ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.SetCollectionCalibrationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -459,6 +479,33 @@ class IngestionService:
             '/ragmesh.ingestion.v1.IngestionService/ReindexCollection',
             ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionRequest.SerializeToString,
             ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.ReindexCollectionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCollectionCalibration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragmesh.ingestion.v1.IngestionService/SetCollectionCalibration',
+            ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.SetCollectionCalibrationRequest.SerializeToString,
+            ragmesh_dot_ingestion_dot_v1_dot_ingestion__pb2.SetCollectionCalibrationResponse.FromString,
             options,
             channel_credentials,
             insecure,
