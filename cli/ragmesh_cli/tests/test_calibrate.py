@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
-from ragmesh_cli import calibrate
+from ragmesh_cli import calibrate, metrics
 from ragmesh_cli.main import main
 
 INDEXED = ingestion_pb2.DOCUMENT_STATE_INDEXED
@@ -47,6 +47,15 @@ def test_a_document_without_a_title_gives_a_sentence_and_one_without_either_noth
     assert calibrate.pseudo_query("d", "", "...") is None
 
 
+def test_a_query_two_documents_share_has_no_known_answer_and_is_dropped() -> None:
+    made = [
+        calibrate.PseudoQuery("b", "Getting started with S3", "title"),
+        calibrate.PseudoQuery("a", "getting started with s3", "title"),
+        calibrate.PseudoQuery("c", "Bucket naming rules explained", "title"),
+    ]
+    assert [q.doc_id for q in calibrate.unambiguous(made)] == ["c"]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=".?! \n#abc", max_size=3000))
 def test_first_sentence_is_bounded_on_any_text(text: str) -> None:
@@ -65,6 +74,36 @@ def test_first_sentence_is_linear_on_pathological_text() -> None:
         if size == 10_000:
             small = elapsed
     assert elapsed < max(1.0, small * 300)
+
+
+def gain(mean: float, low: float, high: float) -> metrics.PairedBootstrap:
+    return metrics.PairedBootstrap(
+        queries=200,
+        mean_a=0.9,
+        mean_b=0.9 + mean,
+        mean_diff=mean,
+        ci_low=low,
+        ci_high=high,
+        confidence=0.95,
+        resamples=10_000,
+        p_value=0.5,
+    )
+
+
+@pytest.mark.parametrize(
+    ("mean", "low", "high", "rerank"),
+    [
+        (-0.047, -0.071, -0.025, False),  # a loss beyond noise (CISI's titles): off
+        (-0.003, -0.013, 0.004, True),  # at the ceiling, within noise (SciFact's titles): the default
+        (0.0, 0.0, 0.0, True),  # no difference at all
+        (0.05, 0.02, 0.08, True),
+    ],
+)
+def test_only_a_loss_beyond_noise_turns_reranking_off(
+    mean: float, low: float, high: float, rerank: bool
+) -> None:
+    found = calibrate.Measurement(200, 1000, {"fused": 0.9}, gain(mean, low, high), {"title": 200}, 0)
+    assert found.rerank is rerank and found.calibration().rerank is rerank
 
 
 class FakeMesh(gateway_pb2_grpc.GatewayServiceServicer, ingestion_pb2_grpc.IngestionServiceServicer):
