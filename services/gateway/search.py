@@ -26,6 +26,7 @@ from services.gateway.degradations import ERROR, PLANNER, REASON_OF, Degradation
 from services.gateway.fanout import Planned, Retrieval, Retrieved
 from services.gateway.fusion import Fused, Hit, fuse
 from services.gateway.hydration import Hydrator
+from services.gateway.legacy import current_first, path_segments
 from services.gateway.metrics import ms
 from services.gateway.planning import LocalPlanner, local_planner
 from services.gateway.rerank import candidate_count, rerank_top
@@ -219,6 +220,7 @@ class Searcher:
         self.deadlines = Deadlines(settings)
         self.planning = Planning(settings, backends.planner, planner)
         self.hydrator = Hydrator(backends, settings.gateway_hydrate_sparse_share)
+        self.legacy_segments = path_segments(settings.gateway_legacy_path_segments)
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> Searcher:
@@ -255,7 +257,9 @@ class Searcher:
                 top, reranked = await self._rerank(params, top, ranked.to_rerank, chunks, degradations)
         timings["total"] = ms(time.perf_counter() - started)
         return SearchOutcome(
-            results=top[: params.top_k],
+            # Within the page answered: a legacy result gives way to the current ones shown with
+            # it, not to candidates ranked below the page.
+            results=current_first(top[: params.top_k], chunks, self.legacy_segments),
             chunks=chunks,
             plan=retrieved.plan,
             degradations=_reported(timings, degradations),

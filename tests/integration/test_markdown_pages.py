@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from meshkit.text.evidence import evidence_sentences
+from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2
 from ragmesh.sparse.v1 import sparse_pb2
 from ragmesh_cli.stack import Stack
@@ -69,3 +70,49 @@ async def test_hugo_page_is_stored_as_its_text_under_its_title(mesh: Mesh) -> No
 
     placeholder = await mesh.bm25(collection, "reference")
     assert [hit.doc_id for hit in placeholder] == ["api.md"]
+
+
+OLD_PAGE = """---
+title: Redelivery limits in Streaming
+deprecated: true
+---
+
+Streaming limits the redeliveries of a message with max_deliver: after that many deliveries
+the message is dropped. Set max_deliver on the subscription to limit redeliveries.
+"""
+
+CURRENT_PAGE = """---
+title: Consumer redelivery
+---
+
+A consumer limits how often a message is redelivered with max_deliver. After max_deliver
+deliveries the message is no longer redelivered.
+"""
+
+
+async def test_a_deprecated_page_ranks_after_the_current_one_that_answers_too(
+    mesh: Mesh, gateway: gateway_pb2_grpc.GatewayServiceStub
+) -> None:
+    collection = f"t-{uuid.uuid4().hex[:10]}"
+    pages = [("streaming/redelivery.md", OLD_PAGE), ("jetstream/consumers.md", CURRENT_PAGE)]
+    await mesh.ingest(collection, pages)
+    statuses = await mesh.wait_settled(collection, [doc_id for doc_id, _ in pages])
+    assert {s.state for s in statuses.values()} == {ingestion_pb2.DOCUMENT_STATE_INDEXED}
+
+    question = "How do I limit the redeliveries of a message with max_deliver on the subscription?"
+    request = gateway_pb2.SearchRequest(
+        collection=collection, query=question, top_k=5, collapse_documents=True
+    )
+    # Without the mark the old page, which repeats the question's words, would come first.
+    legs = await gateway.Search(
+        gateway_pb2.SearchRequest(
+            collection=collection, query=question, top_k=5, collapse_documents=True, include_leg_results=True
+        ),
+        timeout=30,
+    )
+    bm25 = next(leg for leg in legs.leg_results if leg.leg == gateway_pb2.LEG_BM25)
+    assert bm25.hits[0].doc_id == "streaming/redelivery.md"
+    response = await gateway.Search(request, timeout=30)
+    assert [r.doc_id for r in response.results] == ["jetstream/consumers.md", "streaming/redelivery.md"]
+    assert response.results[1].metadata["deprecated"] == "true"
+    assert response.results[0].score >= response.results[1].score

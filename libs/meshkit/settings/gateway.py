@@ -235,6 +235,12 @@ class GatewaySettings(MeshSettings):
     gateway_max_history_chars: int = Field(
         32_000, ge=0, description="Longest chat history in an Ask, all turns together."
     )
+    gateway_legacy_path_segments: str = Field(
+        "",
+        description="Comma-separated source path segments (e.g. legacy,v1-archive) that mark a page as "
+        "legacy: its results rank after the current ones returned with them. Front matter deprecated: "
+        "true, legacy: true or status: deprecated/legacy/archived marks a page so whatever this says.",
+    )
     gateway_collection_cache_s: float = Field(
         2.0,
         gt=0,

@@ -69,8 +69,10 @@ class Fakes:
     # Chunk name -> the fake reranker's score (a test may lower them all to get the fallback).
     rerank_scores: dict[str, float] = field(default_factory=lambda: dict(RERANK_SCORES))
     rerank_fallback_count: int = RERANK_FALLBACK_COUNT
-    # Chunk name -> its text (default "text of <name>").
+    # Chunk name -> its text (default "text of <name>"), its document's metadata and source.
     chunk_texts: dict[str, str] = field(default_factory=dict)
+    chunk_metadata: dict[str, dict[str, str]] = field(default_factory=dict)
+    chunk_sources: dict[str, str] = field(default_factory=dict)
     # The fake cross-encoder judging sentences (Rerank calls whose passages are not chunks,
     # counted and controlled as "judge"): a score per (claim, sentence), else per sentence text,
     # else the default.
@@ -214,6 +216,8 @@ class FakeSparse(sparse_pb2_grpc.SparseServiceServicer):
             title=f"Title of {NAME_OF[cid]}",
             text=self.fakes.chunk_texts.get(NAME_OF[cid], f"text of {NAME_OF[cid]}"),
             location=common_pb2.ChunkLocation(heading_path=["H"], ordinal=1),
+            source_uri=self.fakes.chunk_sources.get(NAME_OF[cid], ""),
+            metadata=self.fakes.chunk_metadata.get(NAME_OF[cid], {}),
         )
 
 
