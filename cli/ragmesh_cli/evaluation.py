@@ -46,7 +46,7 @@ from ragmesh_cli.documents import InputError
 from ragmesh_cli.search import LEG_NAMES, add_request_arguments, build_request, degradation_label, timeout_of
 from ragmesh_cli.search import request_settings as search_settings
 from ragmesh_cli.stats import percentile
-from ragmesh_cli.tables import format_table
+from ragmesh_cli.tables import calibration_dict, format_table
 from ragmesh_client import AsyncClient, NotFoundError, RagmeshError
 
 RUN_FORMAT = "ragmesh-eval-run/1"
@@ -106,6 +106,17 @@ async def ensure_ingested(
         )
     if code != 0:
         raise RuntimeError(f"ingesting {dataset.corpus_path} into {collection!r} did not complete")
+
+
+async def recorded_calibration(address: str, collection: str) -> dict[str, Any] | None:
+    """The collection's calibration (``ragmesh calibrate``) for the report: the choices a search
+    that leaves them unset runs with. None when none is recorded or the API cannot say."""
+    async with ingestion_client(address) as client:
+        try:
+            status = await client.collection_status(collection, timeout=10.0)
+        except RagmeshError:
+            return None
+    return calibration_dict(status.calibration)
 
 
 def _note(message: str) -> None:
@@ -288,6 +299,12 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"({paired['confidence']:.0%} paired bootstrap)",
         )
     lines.extend(f"  {kind}: {count}" for kind, count in report["degraded"]["by_kind"].items())
+    if calibration := report.get("calibration"):
+        choice = "on" if calibration["rerank"] else "off"
+        lines.append(
+            f"collection calibration: rerank {choice} where a search leaves it unset "
+            f"({calibration['method']}, {calibration['calibrated_at']})"
+        )
     lines.extend(_refused_lines(report))
     return "\n".join(lines)
 
@@ -413,6 +430,7 @@ async def run_eval(args: argparse.Namespace, gateway_address: str, ingestion_add
         "limit": args.limit,
     }
     report = build_report(dataset, settings, outcomes, per_query)
+    report["calibration"] = await recorded_calibration(ingestion_address, collection)
     if args.save_run:
         save_run(Path(args.save_run), report, runs, per_query)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
