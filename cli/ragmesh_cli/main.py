@@ -155,7 +155,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print()
         print(f"collection {args.collection!r}")
         print(format_table(["STATE", "COUNT"], [(k, getattr(counts, k)) for k in _COUNT_FIELDS]))
-        print(calibration_text(counts.calibration))
+        print(calibration_text(counts.calibration, indexed=counts.indexed))
     return 0
 
 

@@ -34,10 +34,15 @@ def calibration_dict(calibration: CollectionCalibration | None) -> dict[str, Any
     return fields
 
 
-def calibration_text(calibration: CollectionCalibration | None) -> str:
-    """The calibration lines of ``ragmesh status --collection C``."""
+# The collection grew this many times over since it was calibrated: say it may no longer fit.
+STALE_GROWTH = 2
+
+
+def calibration_text(calibration: CollectionCalibration | None, indexed: int = 0) -> str:
+    """The calibration lines of ``ragmesh status --collection C`` (``indexed``: the collection's
+    documents now, to tell when it has grown well past what was measured)."""
     if calibration is None:
-        return "calibration: none recorded (searches use the server defaults)"
+        return "calibration: none recorded (searches use the server defaults; see `ragmesh calibrate`)"
     weights = (
         ", ".join(f"{leg} {weight:g}" for leg, weight in calibration.weights.items())
         if any(calibration.weights.values())
@@ -58,4 +63,12 @@ def calibration_text(calibration: CollectionCalibration | None) -> str:
             f"  reranked - fused {calibration.rerank_gain:+.3f} "
             f"[{calibration.rerank_gain_low:+.3f}, {calibration.rerank_gain_high:+.3f}]",
         ]
+        + (
+            [
+                f"  the collection has grown to {indexed} documents since: run `ragmesh calibrate` "
+                "again to measure it as it is"
+            ]
+            if calibration.documents and indexed >= STALE_GROWTH * calibration.documents
+            else []
+        )
     )

@@ -144,6 +144,15 @@ def test_status_shows_the_collections_calibration(api: Ingestion, capsys: pytest
     shown = json.loads(capsys.readouterr().out)["calibration"]
     assert shown["rerank"] is False and shown["weights"] == {"dense": 1.0, "bm25": 0.5, "exact": 0.0}
     assert shown["keep_fused_margin"] is None and shown["queries"] == 150
+    assert "has grown" not in out
+    # Measured on 15 documents, the collection holds 40 now: status says to measure it again.
+    api.calibration.documents = 15
+    api.calibration.ClearField("weight_dense")
+    api.calibration.ClearField("weight_bm25")
+    assert main(["status", "--collection", "docs"]) == 0
+    out = capsys.readouterr().out
+    assert "has grown to 40 documents since: run `ragmesh calibrate` again" in out
+    assert "weights server default" in out
 
 
 def test_a_status_read_is_retried_on_unavailable(api: Ingestion, capsys: pytest.CaptureFixture[str]) -> None:
