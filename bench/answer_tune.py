@@ -295,7 +295,7 @@ def _covers(rationale: Sequence[str], fact: tuple[str, str]) -> bool:
 
 
 # The replay grid: each option takes several values and names the SelectionRules field it
-# sets ("floor": the passage floor, gateway_ask_min_rerank_score); tune replays every point.
+# sets ("floor": the passage floor, ask_min_rerank_score); tune replays every point.
 GRID: tuple[tuple[str, str, type, float], ...] = (
     ("--gate", "gate_min_score", float, 0.0),
     ("--coverage", "gate_coverage_weight", float, 0.0),

@@ -285,7 +285,7 @@ def main() -> None:
             print(f"  {report['int8_vs_fp32']}")
     else:
         print(f"2. skipped: no fp32 export at {args.fp32} (make reranker-model leaves one)")
-    weight = GatewaySettings().gateway_rerank_fused_weight
+    weight = GatewaySettings().calibration.rerank_fused_weight
     fused = None
     if args.gateway:
         print("3. trade-off on the test split")

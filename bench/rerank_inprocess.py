@@ -81,5 +81,5 @@ def rerank_run(
 ) -> tuple[list[str], float]:
     """The gateway's second stage in process: score, threshold/fallback, blend, then the rest."""
     scores, elapsed = rerank_scores(model, query, results, count)
-    margin = GATEWAY_DEFAULTS.gateway_rerank_keep_fused_margin
+    margin = GATEWAY_DEFAULTS.calibration.rerank_keep_fused_margin
     return reranked_order(results, count, scores, weight, margin), elapsed

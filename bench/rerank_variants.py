@@ -182,14 +182,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--weights",
         type=float,
         nargs="+",
-        default=[GatewaySettings().gateway_rerank_fused_weight],
+        default=[GatewaySettings().calibration.rerank_fused_weight],
         help="fused weights of the final blend to evaluate (each variant is scored once)",
     )
     parser.add_argument(
         "--margins",
         type=float,
         nargs="+",
-        default=[GatewaySettings().gateway_rerank_keep_fused_margin],
+        default=[GatewaySettings().calibration.rerank_keep_fused_margin],
         help="keep-fused margins to evaluate (0: always the reranker's order)",
     )
     parser.add_argument("--cache", type=Path, default=Path(".cache/rerank-variants"))

@@ -38,7 +38,23 @@ def settings_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def cmd_calibration() -> int:
+    """The models' calibration the gateway would run with here, as the JSON a calibration file
+    holds (meshkit.settings.model_calibration): these numbers are not settings."""
+    from meshkit.settings import GatewaySettings
+    from meshkit.settings.model_calibration import ModelCalibrationError
+
+    settings = GatewaySettings()
+    try:
+        print(settings.calibration.to_json())
+    except ModelCalibrationError as exc:
+        raise ValueError(str(exc)) from None
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
+    if getattr(args, "calibration", False):
+        return cmd_calibration()
     rows = settings_rows()
     if args.json:
         print(json.dumps(rows, indent=2, default=str))

@@ -439,6 +439,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", parents=[common], help="every RAGMESH_* setting with its default")
     config.add_argument("--json", action="store_true")
+    config.add_argument(
+        "--calibration",
+        action="store_true",
+        help="print the models' calibration in force (RAGMESH_GATEWAY_MODEL_CALIBRATION_FILE), as JSON",
+    )
     config.set_defaults(func=cmd_config)
 
     keys.add_parser(sub, common)

@@ -475,7 +475,7 @@ class Retrieval:
             return False
         best = found.best_dense_score()
         count = len({hit.chunk_id for hits in found.lists.values() for hit in hits})
-        weak_score = best is None or best < self.settings.gateway_hyde_min_score
+        weak_score = best is None or best < self.settings.calibration.hyde_min_score
         return weak_score or count < self.settings.gateway_hyde_min_results
 
     async def _supplement_with_hyde(

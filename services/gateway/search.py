@@ -302,7 +302,7 @@ class Searcher:
             chunks,
             degradations,
             deadline=self.deadlines.reply(),
-            fused_weight=self.settings.gateway_rerank_fused_weight,
+            fused_weight=self.settings.calibration.rerank_fused_weight,
         )
 
     def _texts_wanted(self, params: SearchParams, reranking: bool) -> int:

@@ -262,6 +262,8 @@ def to_response(outcome: SearchOutcome, params: SearchParams) -> gateway_pb2.Sea
 
 
 def build_spec(settings: GatewaySettings) -> ServiceSpec:
+    # A calibration file that cannot be used stops the start, with the reason, not a later Ask.
+    settings.calibration  # noqa: B018
     servicer = GatewayServicer(settings)
     return ServiceSpec(
         name="gateway",

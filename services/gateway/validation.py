@@ -164,7 +164,7 @@ def validate_search(request: gateway_pb2.SearchRequest, settings: GatewaySetting
     margin = (
         request.keep_fused_margin
         if request.HasField("keep_fused_margin")
-        else settings.gateway_rerank_keep_fused_margin
+        else settings.calibration.rerank_keep_fused_margin
     )
     if not 0.0 <= margin <= MAX_KEEP_FUSED_MARGIN:  # also refuses NaN
         raise invalid_argument(f"keep_fused_margin must be in [0, {MAX_KEEP_FUSED_MARGIN}], got {margin}")

@@ -28,7 +28,7 @@ from .test_ingest import INDEXED, new_collection
 
 pytestmark = pytest.mark.integration
 # The gateway's keep-fused margin as the test stack runs it (the settings' default).
-SERVER_MARGIN = GatewaySettings().gateway_rerank_keep_fused_margin
+SERVER_MARGIN = GatewaySettings().calibration.rerank_keep_fused_margin
 
 # A known case from SciFact's test split (claim 212 and five abstracts from its corpus, kept in
 # data/rerank_case.jsonl): fusion ranks the abstract that answers last of five, because the
@@ -89,7 +89,7 @@ async def test_rerank_lifts_the_answer(corpus: str, gateway: gateway_pb2_grpc.Ga
     assert reranked.reranked and not reranker_degradations(reranked)
     order = [(r.doc_id, round(r.rerank_score, 2), r.fused_rank) for r in reranked.results]
     # The cross-encoder scores the answer highest; the final order, which also weighs the fused
-    # rank (gateway_rerank_fused_weight), moves it up to the top two.
+    # rank (rerank_fused_weight), moves it up to the top two.
     assert max(reranked.results, key=lambda r: r.rerank_score).doc_id == ANSWER, order
     assert position(reranked, ANSWER) <= 2, order
     assert all(r.HasField("rerank_score") for r in reranked.results)

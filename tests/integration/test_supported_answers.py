@@ -40,7 +40,7 @@ DOCS = {
     "dosing": "The trial gave a single annual oral dose to women aged 70 years or older living in the "
     "community. Doses were given in autumn or winter.",
 }
-MIN_SUPPORT = GatewaySettings().gateway_ask_support_min_score
+MIN_SUPPORT = GatewaySettings().calibration.ask_support_min_score
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,6 +20,8 @@ from ragmesh.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ragmesh.ingestion.v1 import ingestion_pb2, ingestion_pb2_grpc
 from ragmesh_cli import calibrate, metrics
 from ragmesh_cli.main import main
+
+from .test_search_eval import fake_servers, write_dataset  # noqa: F401 (fake_servers: a fixture)
 
 INDEXED = ingestion_pb2.DOCUMENT_STATE_INDEXED
 
@@ -218,3 +221,15 @@ def test_too_few_documents_is_a_clear_error_and_records_nothing(
     assert not mesh.recorded
     assert main(["calibrate", "--collection", "docs", "--queries", "5"]) == 1
     assert "--queries must be >= 30" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("fake_servers")
+def test_eval_reports_the_collections_calibration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = write_dataset(tmp_path / "tiny")
+    assert main(["eval", "--dataset", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibration"] is None
+    assert main(["eval", "--dataset", str(root), "--collection", "calibrated", "--json"]) == 0
+    calibration = json.loads(capsys.readouterr().out)["calibration"]
+    assert calibration["rerank"] is False and calibration["queries"] == 200
+    assert main(["eval", "--dataset", str(root), "--collection", "calibrated"]) == 0
+    assert "collection calibration: rerank off where a search leaves it unset" in capsys.readouterr().out

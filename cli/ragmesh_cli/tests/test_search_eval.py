@@ -491,16 +491,3 @@ def test_report_pairs_the_reranked_system_with_the_fused_one() -> None:
     assert paired["metric"] == "ndcg@10" and paired["mean_diff"] == pytest.approx(0.2)
     assert paired["ci_low"] == pytest.approx(0.2) and paired["queries"] == 2
     assert "reranked - fused, nDCG@10: +0.2000 [+0.2000, +0.2000]" in evaluation.format_report(report)
-
-
-def test_eval_reports_the_collections_calibration(
-    fake_servers: FakeGateway, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    root = write_dataset(tmp_path / "tiny")
-    assert main(["eval", "--dataset", str(root), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["calibration"] is None
-    assert main(["eval", "--dataset", str(root), "--collection", "calibrated", "--json"]) == 0
-    calibration = json.loads(capsys.readouterr().out)["calibration"]
-    assert calibration["rerank"] is False and calibration["queries"] == 200
-    assert main(["eval", "--dataset", str(root), "--collection", "calibrated"]) == 0
-    assert "collection calibration: rerank off where a search leaves it unset" in capsys.readouterr().out

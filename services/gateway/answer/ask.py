@@ -204,7 +204,7 @@ class Asker:
         left the answer is that the documents do not say). Scored also covers the reranker's
         fallback, when nothing passed its own threshold; unscored results of a scored search are
         those under that threshold. Without scores (reranker off or down) nothing is gated."""
-        floor = self.settings.gateway_ask_min_rerank_score
+        floor = self.settings.calibration.ask_min_rerank_score
         scored = any(result.rerank_score is not None for result in searched.results)
         found: list[Evidence] = []
         for result in searched.results:

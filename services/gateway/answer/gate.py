@@ -47,7 +47,7 @@ class EvidenceGate:
         self.settings = settings
         self.judge = judge
         self.topicality = TopicalityFloor.parse(
-            settings.gateway_ask_gate_min_similarity, settings.gateway_ask_gate_similarity_models
+            settings.calibration.ask_gate_min_similarity, settings.calibration.ask_gate_similarity_models
         )
 
     def search_params(self, search: SearchParams) -> SearchParams:
@@ -88,25 +88,25 @@ class EvidenceGate:
             return None
 
     def refusal(self, selection: Selection, unknown_terms: Sequence[str]) -> str:
-        return gate_refusal(selection, unknown_terms, self.settings.gateway_ask_gate_min_similarity)
+        return gate_refusal(selection, unknown_terms, self.settings.calibration.ask_gate_min_similarity)
 
     def rules(self) -> SelectionRules:
         s = self.settings
         return SelectionRules(
-            gate_min_score=s.gateway_ask_gate_min_score,
-            gate_coverage_weight=s.gateway_ask_gate_coverage_weight,
-            gate_unknown_weight=s.gateway_ask_gate_unknown_weight,
-            gate_novel_weight=s.gateway_ask_gate_novel_weight,
-            gate_unknown_penalty=s.gateway_ask_gate_unknown_penalty,
-            fact_min_score=s.gateway_ask_fact_min_score,
+            gate_min_score=s.calibration.ask_gate_min_score,
+            gate_coverage_weight=s.calibration.ask_gate_coverage_weight,
+            gate_unknown_weight=s.calibration.ask_gate_unknown_weight,
+            gate_novel_weight=s.calibration.ask_gate_novel_weight,
+            gate_unknown_penalty=s.calibration.ask_gate_unknown_penalty,
+            fact_min_score=s.calibration.ask_fact_min_score,
             max_facts=s.gateway_ask_max_facts,
-            sentence_weight=s.gateway_ask_sentence_weight,
-            cite_margin=s.gateway_ask_cite_margin,
+            sentence_weight=s.calibration.ask_sentence_weight,
+            cite_margin=s.calibration.ask_cite_margin,
             max_cited_passages=s.gateway_ask_max_cited,
             sentences_per_passage=s.gateway_ask_sentences_per_passage,
-            sentence_margin=s.gateway_ask_sentence_margin,
-            gate_min_similarity=s.gateway_ask_gate_min_similarity,
-            fact_passage_weight=s.gateway_ask_fact_passage_weight,
+            sentence_margin=s.calibration.ask_sentence_margin,
+            gate_min_similarity=s.calibration.ask_gate_min_similarity,
+            fact_passage_weight=s.calibration.ask_fact_passage_weight,
         )
 
     def _calibrated_similarity(self, searched: SearchOutcome) -> float | None:

@@ -100,7 +100,9 @@ class SupportCheck:
     def rules(self) -> SupportRules:
         s = self.settings
         return SupportRules(
-            s.gateway_ask_support_min_score, s.gateway_ask_support_min_coverage, s.gateway_ask_support_pairs
+            s.calibration.ask_support_min_score,
+            s.calibration.ask_support_min_coverage,
+            s.gateway_ask_support_pairs,
         )
 
     async def facts(

@@ -23,6 +23,7 @@ from grpc import aio
 from meshkit.domain.ids import chunk_id_for
 from meshkit.rpc.server import start_service
 from meshkit.settings import GatewaySettings
+from meshkit.settings.model_calibration import ModelCalibration
 from ragmesh.common.v1 import common_pb2
 from ragmesh.embedder.v1 import embedder_pb2, embedder_pb2_grpc
 from ragmesh.extractor.v1 import extractor_pb2, extractor_pb2_grpc
@@ -420,7 +421,14 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         # run on this machine's default port; they are tested against real NATS elsewhere.
         nats_url=f"nats://127.0.0.1:{procutil.free_ports(1)[0]}",
     )
-    settings = GatewaySettings(**{**test_settings, **overrides})
+    # Overrides named gateway_<field> of the model calibration change the calibration in force.
+    merged = {**test_settings, **overrides}
+    calibration = {
+        name: merged.pop(f"gateway_{name}")
+        for name in ModelCalibration.model_fields
+        if f"gateway_{name}" in merged
+    }
+    settings = GatewaySettings(**merged).with_calibration(**calibration)
     running = await start_service(build_spec(settings), settings)
     try:
         async with aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:

@@ -116,6 +116,6 @@ async def test_fluent_cited_unsupported_sentences_are_rebound_or_dropped(model: 
     (claim,) = [s for s in response.sentences if s.text.startswith(CLAIM)]
     assert list(claim.sources) == [number_of["c1"]]
     assert claim.support_check == narrator_pb2.SUPPORT_CHECK_CROSS_ENCODER
-    assert claim.support_score >= gateway.settings.gateway_ask_support_min_score
+    assert claim.support_score >= gateway.settings.calibration.ask_support_min_score
     reasons = {r.reason for r in response.degradations}
     assert not reasons, response.degradations

@@ -71,7 +71,10 @@ def test_request_overrides_and_zero_weight_disables() -> None:
 
 
 def test_the_keep_fused_margin_is_the_servers_unless_the_request_sets_one() -> None:
-    assert validate_search(request(), SETTINGS).keep_fused_margin == SETTINGS.gateway_rerank_keep_fused_margin
+    assert (
+        validate_search(request(), SETTINGS).keep_fused_margin
+        == SETTINGS.calibration.rerank_keep_fused_margin
+    )
     assert validate_search(request(keep_fused_margin=0.0), SETTINGS).keep_fused_margin == 0.0
     assert validate_search(request(keep_fused_margin=2.5), SETTINGS).keep_fused_margin == 2.5
 
