@@ -17,7 +17,9 @@ the gateway runs, over the cache for a grid of rules and prints, per rule: answe
 gold-cited share, citation precision and rationale recall on answerable sets, the refused share
 on unanswerable ones. ``ask`` asks a question file through the gateway's Ask (answered, gold
 cited, refused, p50). ``collect`` also records each question's best dense cosine, the input of
-the topicality floor (``--similarity``). ``calibrate`` prints the score distributions of rationale sentences
+the topicality floor (``--similarity``). ``tune --write-calibration PATH`` writes one point as the
+models' calibration file the gateway reads (RAGMESH_GATEWAY_MODEL_CALIBRATION_FILE).
+``calibrate`` prints the score distributions of rationale sentences
 (positives) against the other sentences of the gold documents and of other documents.
 """
 
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.answer_calibration import write_calibration
 from meshkit.text.answering import coverage
 from ragmesh.gateway.v1 import gateway_pb2
 from ragmesh_cli.answer_eval import RATIONALE_COVERAGE, read_rationales
@@ -316,6 +319,15 @@ def tune(args: argparse.Namespace) -> None:
     answerable = [_load(n) for n in args.answerable]
     unanswerable = [_load(n) for n in args.unanswerable]
     axes = [getattr(args, option[2:].replace("-", "_")) for option, *_ in GRID]
+    if getattr(args, "write_calibration", None):
+        fields = [field for _option, field, *_ in GRID]
+        write_calibration(
+            args.write_calibration,
+            fields,
+            axes,
+            fact_min=args.fact_min,
+            fact_passage_weight=args.fact_passage_weight,
+        )
     for point in itertools.product(*axes):
         values = {field: value for (_option, field, *_), value in zip(GRID, point, strict=True)}
         floor = values.pop("floor")
@@ -476,6 +488,9 @@ def main() -> None:
         t.add_argument("--fact-passage-weight", type=float, default=0.0)
         t.add_argument("--passages", type=int, default=6)
         t.add_argument("--max-pairs", type=int, default=48)
+    sub.choices["tune"].add_argument(
+        "--write-calibration", default=None, metavar="PATH", help="write the one point as a calibration file"
+    )
     args = parser.parse_args()
     {"collect": collect, "tune": tune, "calibrate": calibrate, "ask": ask}[args.command](args)
 

@@ -65,3 +65,30 @@ def test_each_gate_penalty_and_floor_is_a_point(
     # The same question holding a word no document holds: the penalty refuses it.
     unknown = answered_by_point(monkeypatch, capsys, ["--answerable", "unknown", *grid])
     assert unknown[("0", "0", "-4")] == "1.000" and unknown[("0", "20", "-4")] == "0.000"
+
+
+def test_one_point_is_written_as_the_models_calibration_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from meshkit.settings.model_calibration import ModelCalibration, load_model_calibration
+
+    monkeypatch.setattr(answer_tune, "CACHE", tmp_path)
+    (tmp_path / "known.json").write_text(json.dumps([cached([])]))
+    out = tmp_path / "calibration.json"
+    point = ["--gate", "1.5", "--unknown-penalty", "7", "--floor", "-3", "--fact-min", "-4.5"]
+    monkeypatch.setattr(
+        sys, "argv", ["answer_tune", "tune", "--answerable", "known", *point, "--write-calibration", str(out)]
+    )
+    answer_tune.main()
+    written = load_model_calibration(out)
+    assert (written.ask_gate_min_score, written.ask_gate_unknown_penalty) == (1.5, 7.0)
+    assert (written.ask_min_rerank_score, written.ask_fact_min_score) == (-3.0, -4.5)
+    assert written.rerank_keep_fused_margin == ModelCalibration().rerank_keep_fused_margin  # not tuned here
+    assert f"wrote {out}" in capsys.readouterr().out
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["answer_tune", "tune", "--gate", "1", "2", "--write-calibration", str(tmp_path / "x.json")],
+    )
+    with pytest.raises(SystemExit, match="one point"):
+        answer_tune.main()
