@@ -13,7 +13,7 @@ the collection's pseudo-queries with 95% confidence (the interval's upper end be
 
 Why titles, and why only a significant loss turns reranking off: on CISI, whose real queries the
 reranker does not help, verbatim sentences and keyword sets of the documents made it look
-strongly better (+0.06) while titles showed the loss (-0.05, interval below 0). But a title
+strongly better (+0.06, a scratch probe) while titles showed the loss (-0.05, interval below 0). But a title
 finds its own page near the ceiling (fused nDCG@10 0.91-0.996), where reranking can only lose:
 on SciFact, whose real queries it helps (+0.029), titles show -0.003 [-0.013, +0.004]. The
 pseudo-queries can show that the reranker hurts a collection, not that it helps one

@@ -1,4 +1,5 @@
-"""``ragmesh calibrate`` on the local stack: it reads a collection's documents through the real
+"""``ragmesh calibrate`` on the local stack as ``ragmesh up --secure`` runs it (API keys, TLS on
+every hop, two workers, two index shards): it reads a collection's documents through the real
 gateway, measures fused against reranked with the real cross-encoder on their pseudo-queries,
 records the choice through the ingestion API (in the collection record in NATS), ``status``
 shows it, and the gateway's searches that leave ``rerank`` unset follow it until it is cleared."""
@@ -48,9 +49,11 @@ async def reranked_once_cached(
 
 
 async def test_calibrate_records_the_measured_choice_and_searches_follow_it(
-    stack: Stack, gateway: gateway_pb2_grpc.GatewayServiceStub, capsys: pytest.CaptureFixture[str]
+    auth_stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    stack = auth_stack
     mesh = Mesh(stack)
+    gateway = gateway_pb2_grpc.GatewayServiceStub(mesh.channel("gateway"))
     try:
         collection = new_collection()
         documents = [*scifact_subset(), *DOCS]
@@ -95,8 +98,9 @@ async def test_calibrate_records_the_measured_choice_and_searches_follow_it(
 
 
 async def test_calibrating_a_small_collection_is_refused_and_records_nothing(
-    stack: Stack, capsys: pytest.CaptureFixture[str]
+    auth_stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    stack = auth_stack
     mesh = Mesh(stack)
     try:
         collection = new_collection()
